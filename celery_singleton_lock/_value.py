@@ -1,0 +1,66 @@
+"""Reading and writing the lock key's value (pure functions; no Redis, no Celery).
+
+The layout is documented in ``_scripts``; this module is its Python twin, used by the
+plain-command mode, by ``owned()``/``locked()`` and by the admin CLI.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+__all__ = ["LockValue", "format_value", "parse_value"]
+
+# Below this a classic timestamp is in seconds (10^11 s is the year 5138; 10^11 ms is 1973).
+_SECONDS_LIMIT = 100_000_000_000
+_OURS = re.compile(r"^(\d+):([01]):([^:]*):(\d+):(.*)$", re.DOTALL)
+_CLASSIC = re.compile(r"^(\d+)(?:\.(\d+))?$")
+
+
+@dataclass(frozen=True)
+class LockValue:
+    """What a lock key holds.
+
+    ``expiry_ms`` is None for a foreign value (neither ours nor a classic timestamp);
+    such a key is held while it has a TTL. ``classic`` marks a plain timestamp written by a
+    SETNX locker in another language: it has no owner token and no fencing token.
+    """
+
+    expiry_ms: int | None
+    token: str | None = None
+    fence: int | None = None
+    waiters: bool = False
+    info: str = ""
+    classic: bool = False
+
+    def held_at(self, now_ms: int, ttl_ms: int | None = None) -> bool:
+        """Whether the lock counts as held at server time ``now_ms``."""
+        if self.expiry_ms is None:
+            return ttl_ms is not None and ttl_ms > 0
+        return self.expiry_ms > now_ms
+
+
+def parse_value(raw: bytes | str) -> LockValue:
+    """Parse a lock value; never raises, whatever the bytes."""
+    text = raw.decode("utf-8", "replace") if isinstance(raw, bytes) else raw
+    ours = _OURS.match(text)
+    if ours:
+        return LockValue(
+            expiry_ms=int(ours.group(1)),
+            waiters=ours.group(2) == "1",
+            token=ours.group(3),
+            fence=int(ours.group(4)),
+            info=ours.group(5),
+        )
+    classic = _CLASSIC.match(text)
+    if classic:
+        number = float(text) if classic.group(2) else int(classic.group(1))
+        if number < _SECONDS_LIMIT:
+            number *= 1000
+        return LockValue(expiry_ms=int(number), classic=True)
+    return LockValue(expiry_ms=None)
+
+
+def format_value(expiry_ms: int, waiters: bool, token: str, fence: int, info: str) -> str:
+    """The value ``RedisLock`` writes; ``parse_value(format_value(...))`` round-trips."""
+    return f"{expiry_ms}:{'1' if waiters else '0'}:{token}:{fence}:{info}"

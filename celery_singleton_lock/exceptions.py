@@ -1,0 +1,70 @@
+"""Exceptions raised by celery_singleton_lock.
+
+Every exception shares one root, and every one survives a pickle round trip (Celery's
+result backends serialise task exceptions)::
+
+    SingletonLockError
+    ├── LockError                 the Redis lock engine
+    │   ├── LockNotOwned          release/extend by an instance that no longer holds the lock
+    │   └── LockBackendError      Redis could not be reached or answered with an error
+    └── TaskLocked                a task's lock is held by another run
+
+Wrong settings raise Celery's own ``celery.exceptions.ImproperlyConfigured``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+__all__ = [
+    "LockBackendError",
+    "LockError",
+    "LockNotOwned",
+    "SingletonLockError",
+    "TaskLocked",
+]
+
+
+class SingletonLockError(Exception):
+    """Root of every exception this package raises."""
+
+
+class LockError(SingletonLockError):
+    """A lock operation failed; ``name`` is the Redis key of the lock."""
+
+    def __init__(self, message: str = "", name: str | None = None) -> None:
+        super().__init__(message, name)
+        self.message = message
+        self.name = name
+
+    def __str__(self) -> str:
+        return self.message if self.name is None else f"{self.message} (lock {self.name!r})"
+
+
+class LockNotOwned(LockError):
+    """The lock is not (or no longer) held by this instance: its lease ran out and
+    another holder may have taken it, so nothing was released or extended."""
+
+
+class LockBackendError(LockError):
+    """Redis could not be reached, or refused a command; the lock state is unknown."""
+
+
+class TaskLocked(SingletonLockError):
+    """Another run holds the lock for this task and these arguments.
+
+    ``key`` is the Redis key of the lock; ``task_id`` is the holder's task id when known.
+    """
+
+    def __init__(self, key: str, task_id: str | None = None, message: str | None = None) -> None:
+        text = message or (f"lock {key!r} is held" + (f" by task {task_id}" if task_id else ""))
+        super().__init__(key, task_id, text)
+        self.key = key
+        self.task_id = task_id
+        self.message = text
+
+    def __str__(self) -> str:
+        return self.message
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (type(self), (self.key, self.task_id, self.message))

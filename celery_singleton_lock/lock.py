@@ -1,0 +1,457 @@
+"""``RedisLock``: the SETNX/GETSET expiry-timestamp lock, made safe.
+
+The key's value says until when the lock is held (Redis server milliseconds), who holds
+it (a random owner token) and with which fencing token. Acquire is SETNX, else take over
+an expired value; release and extend act only for the owner. By default each of those is
+one Lua script (one round trip); ``scripting=False`` runs the classic plain-command protocol
+(SETNX / GET / GETSET under WATCH) for servers where EVAL is disabled.
+
+Waiters block on a per-lock signal list (BLPOP) that a release pushes to, so a hand-off
+takes one round trip instead of a sleep; the BLPOP timeout doubles as the fallback poll
+that notices a crashed holder's lease running out. This module imports nothing from Celery.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+import socket
+import threading
+import time
+import uuid
+import weakref
+from collections.abc import Callable
+from types import TracebackType
+from typing import Any, ClassVar, TypeVar
+
+import redis
+from redis.commands.core import Script
+
+from celery_singleton_lock import _scripts
+from celery_singleton_lock._renewer import renewer
+from celery_singleton_lock._value import LockValue, format_value, parse_value
+from celery_singleton_lock.exceptions import LockBackendError, LockError, LockNotOwned
+
+__all__ = ["RedisLock", "companion_key"]
+
+log = logging.getLogger("celery_singleton_lock.lock")
+
+_T = TypeVar("_T")
+_SIGNAL_TTL_MS = 2000
+_MIN_WAIT = 0.001
+# How late Redis may time out a BLPOP: it checks on its timer tick (hz 10 = every 0.1 s).
+_TIMER_SLACK = 0.11
+
+
+def companion_key(name: str, suffix: str) -> str:
+    """A key that lives in the same Redis Cluster hash slot as ``name``.
+
+    When ``name`` has a hash tag (``{...}``) the suffix is simply appended; otherwise the
+    whole name becomes the tag. A name with a ``}`` but no valid tag cannot be co-located.
+    """
+    start = name.find("{")
+    if start != -1:
+        end = name.find("}", start + 1)
+        if end > start + 1:
+            return f"{name}:{suffix}"
+    if "}" in name:
+        raise ValueError(
+            f"lock name {name!r} contains '}}' without a hash tag; wrap the part that "
+            "identifies the lock in braces, e.g. 'orders:{sku-42}'"
+        )
+    return f"{{{name}}}:{suffix}"
+
+
+def _lease_ms(value: object, what: str) -> int:
+    """Validate a lease in seconds and return it in milliseconds."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ValueError(f"{what} must be a positive number of seconds, got {value!r}")
+    if not math.isfinite(value) or value <= 0:
+        raise ValueError(f"{what} must be a positive number of seconds, got {value!r}")
+    return max(1, round(value * 1000))
+
+
+class _Scripts:
+    """The three protocol scripts, registered once per Redis client."""
+
+    _cache: ClassVar[weakref.WeakKeyDictionary[Any, _Scripts]] = weakref.WeakKeyDictionary()
+    _guard: ClassVar[threading.Lock] = threading.Lock()
+
+    def __init__(self, client: Any) -> None:
+        self.acquire: Script = client.register_script(_scripts.ACQUIRE)
+        self.release: Script = client.register_script(_scripts.RELEASE)
+        self.extend: Script = client.register_script(_scripts.EXTEND)
+
+    @classmethod
+    def for_client(cls, client: Any) -> _Scripts:
+        """The scripts bound to ``client`` (created on first use)."""
+        with cls._guard:
+            found = cls._cache.get(client)
+            if found is None:
+                found = cls._cache[client] = cls(client)
+            return found
+
+
+class RedisLock:
+    """A lease-based distributed lock on one Redis key.
+
+    ``timeout`` is the lease in seconds. ``auto_renew`` keeps extending the lease while the
+    lock is held (see ``lease_lost``). ``fallback_poll`` bounds how long a waiter sleeps
+    without news before it looks again. ``token`` fixes the owner token (several instances
+    sharing a token are one owner); ``holder_info`` is a short text (or JSON-able mapping)
+    stored with the lock for operators.
+    """
+
+    def __init__(
+        self,
+        client: Any,
+        name: str,
+        timeout: float = 30.0,
+        *,
+        auto_renew: bool = False,
+        scripting: bool = True,
+        fallback_poll: float = 1.0,
+        token: str | None = None,
+        holder_info: str | dict[str, Any] | None = None,
+    ) -> None:
+        if not isinstance(name, str) or not name:
+            raise ValueError(f"lock name must be a non-empty string, got {name!r}")
+        self._lease_ms = _lease_ms(timeout, "timeout")
+        _lease_ms(fallback_poll, "fallback_poll")
+        if token is not None and (not token or ":" in token):
+            raise ValueError(f"token must be a non-empty string without ':', got {token!r}")
+        self.client = client
+        self.name = name
+        self.timeout = float(timeout)
+        self.auto_renew = auto_renew
+        self.scripting = scripting
+        self.fallback_poll = float(fallback_poll)
+        self.token = token or uuid.uuid4().hex
+        self.signal_key = companion_key(name, "signal")
+        if holder_info is None:
+            holder_info = {"host": socket.gethostname(), "pid": os.getpid()}
+        self.holder_info = (
+            holder_info if isinstance(holder_info, str) else json.dumps(holder_info, sort_keys=True)
+        )
+        self.fencing_token: int | None = None
+        #: Set when auto-renewal found the lock gone or could not reach Redis in time.
+        self.lease_lost = False
+        self._expires_at = 0.0  # local monotonic estimate of the lease end, for the renewer
+        self._generation = 0
+        self._handed_off = False
+        self._scripts = _Scripts.for_client(client) if scripting else None
+
+    def __repr__(self) -> str:
+        return f"<RedisLock {self.name!r} token={self.token[:8]}… fence={self.fencing_token}>"
+
+    # -- public API ---------------------------------------------------------------------
+
+    def acquire(self, blocking: bool = True, timeout: float | None = None) -> bool:
+        """Take the lock; wait up to ``timeout`` seconds (None: forever) when ``blocking``.
+
+        Returns False only when the lock stayed held; Redis errors raise LockBackendError.
+        """
+        if timeout is not None and (isinstance(timeout, bool) or timeout < 0):
+            raise ValueError(f"acquire timeout must be >= 0 or None, got {timeout!r}")
+        deadline = None if timeout is None else time.monotonic() + timeout
+        waited = False
+        if blocking and self._handed_off:
+            # Our last release woke a waiter: queue behind it instead of barging in.
+            waited = True
+            self._wait(self.fallback_poll, deadline)
+        self._handed_off = False
+        while True:
+            started = time.monotonic()
+            held_for_ms = self._attempt(waited)
+            if held_for_ms is None:
+                self._on_acquired(started)
+                return True
+            if not blocking:
+                return False
+            if deadline is not None and time.monotonic() >= deadline:
+                return False
+            # Sleep until the holder's lease ends (its crash is noticed then), a release
+            # wakes us, or the fallback period passes, whichever comes first.
+            self._wait(min(held_for_ms / 1000 + _MIN_WAIT, self.fallback_poll), deadline)
+            waited = True
+
+    def release(self) -> None:
+        """Release the lock; LockNotOwned if this instance no longer holds it."""
+        self._stop_renewing()
+        self.fencing_token = None
+        if self._scripts is not None:
+            result = self._call(
+                self._scripts.release,
+                keys=[self.name, self.signal_key],
+                args=[self.token, _SIGNAL_TTL_MS],
+            )
+        else:
+            result = self._release_plain()
+        if not result:
+            raise LockNotOwned("cannot release a lock that is no longer owned", self.name)
+        self._handed_off = result == 2
+
+    def extend(self, timeout: float | None = None) -> None:
+        """Set the lease end to server now + ``timeout`` (default: the lease); owner only."""
+        lease_ms = self._lease_ms if timeout is None else _lease_ms(timeout, "timeout")
+        started = time.monotonic()
+        if self._scripts is not None:
+            expiry = self._call(
+                self._scripts.extend,
+                keys=[self.name],
+                args=[self.token, lease_ms, self._grace_ms(lease_ms)],
+            )
+        else:
+            expiry = self._extend_plain(lease_ms)
+        if not expiry:
+            raise LockNotOwned("cannot extend a lock that is no longer owned", self.name)
+        self._expires_at = started + lease_ms / 1000
+
+    def owned(self) -> bool:
+        """Whether this instance holds the lock right now, per the server's clock."""
+        now_ms, value, _ = self._inspect()
+        return value is not None and value.token == self.token and value.held_at(now_ms)
+
+    def locked(self) -> bool:
+        """Whether anyone holds the lock right now, per the server's clock."""
+        now_ms, value, ttl = self._inspect()
+        return value is not None and value.held_at(now_ms, ttl)
+
+    def __enter__(self) -> RedisLock:
+        self.acquire()
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        try:
+            self.release()
+        except LockNotOwned:
+            if exc is None:
+                raise
+            log.warning("lock %r was lost before the block that held it failed", self.name)
+
+    # -- acquire --------------------------------------------------------------------------
+
+    def _grace_ms(self, lease_ms: int) -> int:
+        """How long the key outlives its lease, so abandoned keys vanish on their own."""
+        return 1000 + lease_ms // 10
+
+    def _attempt(self, waited: bool) -> int | None:
+        """One try: None when acquired, else ms until the current holder's lease ends."""
+        if self._scripts is None:
+            return self._attempt_plain(waited)
+        result = self._call(
+            self._scripts.acquire,
+            keys=[self.name],
+            args=[
+                self.token,
+                self._lease_ms,
+                self._grace_ms(self._lease_ms),
+                "1" if waited else "0",
+                self.holder_info,
+            ],
+        )
+        if int(result[0]) == 1:
+            self.fencing_token = int(result[1])
+            return None
+        return max(1, int(result[1]))
+
+    def _attempt_plain(self, waited: bool) -> int | None:
+        """The classic protocol with plain commands; every nil case handled."""
+        grace = self._grace_ms(self._lease_ms)
+        for _ in range(8):
+            now_ms, now_us = self._server_time()
+            mine = format_value(now_ms + self._lease_ms, True, self.token, now_us, self.holder_info)
+            if self._call(self.client.set, self.name, mine, nx=True, px=self._lease_ms + grace):
+                self.fencing_token = now_us
+                return None
+            self._step("after-setnx")
+            with self.client.pipeline() as pipe:
+                try:
+                    pipe.watch(self.name)
+                    raw = pipe.get(self.name)
+                    if raw is None:
+                        continue  # released between SETNX and GET: try SETNX again
+                    current = parse_value(raw)
+                    ttl = pipe.pttl(self.name) if current.expiry_ms is None else None
+                    if current.held_at(now_ms, ttl) and current.token != self.token:
+                        return max(1, (current.expiry_ms or now_ms + (ttl or 1)) - now_ms)
+                    fence = max(now_us, (current.fence or 0) + 1)
+                    if current.token == self.token and current.fence:
+                        fence = current.fence  # our own hold (e.g. a retried call): keep it
+                    mine = format_value(
+                        now_ms + self._lease_ms, True, self.token, fence, self.holder_info
+                    )
+                    self._step("before-getset")
+                    pipe.multi()
+                    pipe.getset(self.name, mine)
+                    pipe.pexpire(self.name, self._lease_ms + grace)
+                    old = pipe.execute()[0]
+                except redis.WatchError:
+                    continue  # the key changed under us: nothing was written, start over
+                except redis.RedisError as exc:
+                    raise LockBackendError(f"Redis error: {exc}", self.name) from exc
+            if getset_won(old, raw, now_ms):
+                self.fencing_token = fence
+                return None
+            # Unreachable under WATCH, kept as the protocol demands: put the winner back.
+            self._restore(mine, old)
+            return max(1, (parse_value(old).expiry_ms or now_ms + 1) - now_ms)
+        return 10  # the key kept changing under us: report it held and let the caller wait
+
+    def _restore(self, mine: str, theirs: bytes) -> None:
+        """Undo a GETSET that overwrote a live holder's value, if nobody wrote since."""
+        with self.client.pipeline() as pipe:
+            try:
+                pipe.watch(self.name)
+                if pipe.get(self.name) == mine.encode():
+                    pipe.multi()
+                    pipe.set(self.name, theirs, keepttl=True)
+                    pipe.execute()
+            except redis.WatchError:
+                pass
+
+    def _step(self, where: str) -> None:
+        """A seam between protocol steps of the plain mode; tests interleave rivals here."""
+
+    def _on_acquired(self, started: float) -> None:
+        self._generation += 1
+        self.lease_lost = False
+        self._expires_at = started + self._lease_ms / 1000
+        if self.auto_renew:
+            renewer.schedule(self, self.timeout / 3, self._generation)
+
+    # -- waiting --------------------------------------------------------------------------
+
+    def _wait(self, seconds: float, deadline: float | None) -> None:
+        """Block on the signal list for at most ``seconds`` (and never past ``deadline``)."""
+        if deadline is not None:
+            seconds = min(seconds, deadline - time.monotonic())
+        cap = self._socket_timeout()
+        if cap is not None:
+            seconds = min(seconds, cap * 0.8)
+        if seconds > _TIMER_SLACK + 0.04:
+            # The server checks BLPOP timeouts only on its timer tick, up to ~0.1 s late:
+            # ask for less and wake early rather than late.
+            self._call(
+                self.client.blpop, [self.signal_key], timeout=round(seconds - _TIMER_SLACK, 3)
+            )
+        elif seconds > 0:
+            time.sleep(seconds)  # the last stretch before a lease ends, timed here exactly
+
+    def _socket_timeout(self) -> float | None:
+        pool = getattr(self.client, "connection_pool", None)
+        kwargs = getattr(pool, "connection_kwargs", {}) or {}
+        value = kwargs.get("socket_timeout")
+        return float(value) if value else None
+
+    # -- release / extend without scripts ---------------------------------------------------
+
+    def _release_plain(self) -> int:
+        """Owner-checked DEL plus a wake-up, under WATCH/MULTI."""
+        for _ in range(16):
+            with self.client.pipeline() as pipe:
+                try:
+                    pipe.watch(self.name)
+                    raw = pipe.get(self.name)
+                    if raw is None or parse_value(raw).token != self.token:
+                        return 0
+                    pipe.multi()
+                    pipe.delete(self.name)
+                    pipe.rpush(self.signal_key, "1")
+                    pipe.pexpire(self.signal_key, _SIGNAL_TTL_MS)
+                    pipe.execute()
+                    return 1
+                except redis.WatchError:
+                    continue  # e.g. our own renewer extended it meanwhile
+                except redis.RedisError as exc:
+                    raise LockBackendError(f"Redis error: {exc}", self.name) from exc
+        raise LockError("the lock key kept changing during release", self.name)
+
+    def _extend_plain(self, lease_ms: int) -> int:
+        """Owner-checked rewrite of the expiry, under WATCH/MULTI."""
+        for _ in range(16):
+            with self.client.pipeline() as pipe:
+                try:
+                    pipe.watch(self.name)
+                    raw = pipe.get(self.name)
+                    current = parse_value(raw) if raw is not None else None
+                    if current is None or current.token != self.token:
+                        return 0
+                    seconds, micros = pipe.time()
+                    expiry = int(seconds) * 1000 + int(micros) // 1000 + lease_ms
+                    value = format_value(expiry, True, self.token, current.fence or 0, current.info)
+                    pipe.multi()
+                    pipe.set(self.name, value, px=lease_ms + self._grace_ms(lease_ms))
+                    pipe.execute()
+                    return expiry
+                except redis.WatchError:
+                    continue
+                except redis.RedisError as exc:
+                    raise LockBackendError(f"Redis error: {exc}", self.name) from exc
+        raise LockError("the lock key kept changing during extend", self.name)
+
+    # -- renewal (called by the process-wide renewer thread) -------------------------------
+
+    def _renew_due(self, generation: int) -> float | None:
+        if generation != self._generation or not self.auto_renew:
+            return None
+        try:
+            self.extend()
+        except LockNotOwned:
+            self.lease_lost = True
+            log.error("lock %r: lease lost (another holder took it or it expired)", self.name)
+            return None
+        except LockError as exc:
+            left = self._expires_at - time.monotonic()
+            if left <= 0:
+                self.lease_lost = True
+                log.error("lock %r: lease lost, Redis unreachable: %s", self.name, exc)
+                return None
+            log.warning("lock %r: renewal failed, retrying: %s", self.name, exc)
+            return min(max(left / 4, 0.05), self.timeout / 3)
+        return self.timeout / 3
+
+    def _stop_renewing(self) -> None:
+        self._generation += 1
+
+    # -- helpers -----------------------------------------------------------------------------
+
+    def _server_time(self) -> tuple[int, int]:
+        """Redis server time as (milliseconds, microseconds)."""
+        seconds, micros = self._call(self.client.time)
+        return int(seconds) * 1000 + int(micros) // 1000, int(seconds) * 1_000_000 + int(micros)
+
+    def _inspect(self) -> tuple[int, LockValue | None, int | None]:
+        """Server time, the parsed value and the key's PTTL, in one round trip."""
+        pipe = self.client.pipeline(transaction=False)
+        pipe.time()
+        pipe.get(self.name)
+        pipe.pttl(self.name)
+        (seconds, micros), raw, ttl = self._call(pipe.execute)
+        now_ms = int(seconds) * 1000 + int(micros) // 1000
+        return now_ms, (parse_value(raw) if raw is not None else None), int(ttl)
+
+    def _call(self, func: Callable[..., _T], *args: Any, **kwargs: Any) -> _T:
+        """Run one Redis call, turning redis-py errors into LockBackendError."""
+        try:
+            return func(*args, **kwargs)
+        except redis.RedisError as exc:
+            raise LockBackendError(f"Redis error: {exc}", self.name) from exc
+
+
+def getset_won(old: bytes | None, watched: bytes, now_ms: int) -> bool:
+    """Whether a GETSET that returned ``old`` took the lock.
+
+    nil: the key vanished in between, so the lock is ours; the stale value we watched, or
+    any value whose lease had ended: ours; a live foreign value: we lost.
+    """
+    if old is None or old == watched:
+        return True
+    return not parse_value(old).held_at(now_ms, None)

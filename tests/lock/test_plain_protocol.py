@@ -1,0 +1,62 @@
+"""The plain-command protocol's races, replayed with a real rival between its steps."""
+
+from __future__ import annotations
+
+import redis
+
+from celery_singleton_lock import RedisLock
+from celery_singleton_lock._value import format_value
+
+
+class Interleaved(RedisLock):
+    """A plain-mode lock that lets a rival act at a named step, once."""
+
+    def __init__(self, *args: object, at: str, rival: object, **kwargs: object) -> None:
+        super().__init__(*args, scripting=False, **kwargs)  # type: ignore[arg-type]
+        self.at, self.rival, self.done = at, rival, False
+
+    def _step(self, where: str) -> None:
+        if where == self.at and not self.done:
+            self.done = True
+            self.rival()  # type: ignore[operator]
+
+
+def _stale(client: redis.Redis, key: str) -> None:
+    expired = int(client.time()[0]) * 1000 - 500
+    client.set(key, format_value(expired, False, "crashed", 7, ""), px=5000)
+
+
+def test_get_nil_goes_back_to_setnx(client: redis.Redis, key: str) -> None:
+    """The holder releases between our failed SETNX and our GET: GET is nil, so we retry
+    SETNX (not the expiry path) and win."""
+    holder = RedisLock(client, key, timeout=10, scripting=False)
+    assert holder.acquire()
+    lock = Interleaved(client, key, timeout=10, at="after-setnx", rival=holder.release)
+    assert lock.acquire(blocking=False)
+    assert lock.owned()
+
+
+def test_lost_getset_race_leaves_the_winner_owning(client: redis.Redis, key: str) -> None:
+    """Two clients see the same expired value; the rival takes it over first. Our GETSET
+    must not go through, and the rival must still own (and be able to release) the lock."""
+    _stale(client, key)
+    rival = RedisLock(client, key, timeout=10, scripting=False)
+    lock = Interleaved(
+        client, key, timeout=10, at="before-getset", rival=lambda: rival.acquire(blocking=False)
+    )
+    assert not lock.acquire(blocking=False)
+    assert rival.owned()
+    assert not lock.owned()
+    rival.release()
+    assert not rival.locked()
+
+
+def test_key_deleted_before_getset_is_won_without_clobbering(client: redis.Redis, key: str) -> None:
+    """The expired key vanishes just before our take-over: we end up owning a fresh lock."""
+    _stale(client, key)
+    lock = Interleaved(
+        client, key, timeout=10, at="before-getset", rival=lambda: client.delete(key)
+    )
+    assert lock.acquire(blocking=False)
+    assert lock.owned()
+    assert (lock.fencing_token or 0) > 7

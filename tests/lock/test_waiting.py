@@ -1,0 +1,130 @@
+"""Waiting: woken by the release, bounded commands while waiting, crashed holders noticed."""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import signal
+import threading
+import time
+from typing import Any
+
+import redis
+
+from celery_singleton_lock import RedisLock
+from celery_singleton_lock.testing import RedisServer
+
+
+def _total_calls(client: redis.Redis) -> int:
+    stats = client.info("commandstats")
+    return sum(int(v["calls"]) for k, v in stats.items() if k not in ("cmdstat_info",))
+
+
+def test_release_wakes_a_waiter_within_tens_of_ms(make_lock: Any) -> None:
+    """A blocked waiter gets the lock within 50 ms of the release, far sooner than its
+    5 s fallback poll, so the release notified it."""
+    holder = make_lock(timeout=30)
+    waiter = make_lock(timeout=30, fallback_poll=5.0)
+    assert holder.acquire()
+    got: dict[str, float] = {}
+
+    def wait() -> None:
+        if waiter.acquire(timeout=10):
+            got["at"] = time.perf_counter()
+
+    thread = threading.Thread(target=wait)
+    thread.start()
+    time.sleep(0.3)  # the waiter is now blocked
+    released = time.perf_counter()
+    holder.release()
+    thread.join(timeout=10)
+    assert "at" in got
+    assert got["at"] - released < 0.05
+    waiter.release()
+
+
+def test_commands_during_a_three_second_wait_stay_bounded(
+    fresh_server: RedisServer, scripting: bool
+) -> None:
+    """A waiter blocked 3 s behind a live holder sends a few commands per fallback period
+    (1 s), not one per millisecond like a sleep-and-retry loop."""
+    client = redis.Redis.from_url(fresh_server.url)
+    holder = RedisLock(client, "busy", timeout=60, scripting=scripting)
+    waiter = RedisLock(client, "busy", timeout=60, scripting=scripting, fallback_poll=1.0)
+    assert holder.acquire()
+    before = _total_calls(client)
+    started = time.monotonic()
+    assert not waiter.acquire(timeout=3)
+    elapsed = time.monotonic() - started
+    used = _total_calls(client) - before - 1  # minus our own INFO
+    assert 2.9 < elapsed < 3.5
+    assert used <= 40, used
+
+
+def test_acquire_timeout_is_respected(make_lock: Any) -> None:
+    """acquire(timeout=t) behind a live holder returns False after about t seconds."""
+    holder = make_lock(timeout=30)
+    assert holder.acquire()
+    for wanted in (0.05, 0.4):
+        started = time.monotonic()
+        assert not make_lock().acquire(timeout=wanted)
+        assert wanted - 0.01 < time.monotonic() - started < wanted + 0.15
+
+
+def _hold_forever(url: str, name: str, scripting: bool, ready: Any) -> None:
+    client = redis.Redis.from_url(url)
+    lock = RedisLock(client, name, timeout=1.0, scripting=scripting)
+    lock.acquire()
+    ready.set()
+    time.sleep(60)
+
+
+def test_sigkilled_holder_is_succeeded_within_lease_plus_one_poll(
+    redis_server: RedisServer, make_lock: Any, key: str, scripting: bool
+) -> None:
+    """A holder process killed with SIGKILL is succeeded once its 1 s lease runs out,
+    within one fallback period (and in practice within a few ms)."""
+    ctx = multiprocessing.get_context("fork")
+    ready = ctx.Event()
+    proc = ctx.Process(target=_hold_forever, args=(redis_server.url, key, scripting, ready))
+    proc.start()
+    try:
+        assert ready.wait(10)
+        killed = time.monotonic()
+        assert proc.pid is not None
+        os.kill(proc.pid, signal.SIGKILL)
+        waiter = make_lock(timeout=5, fallback_poll=1.0)
+        assert waiter.acquire(timeout=5)
+        took = time.monotonic() - killed
+        assert took < 1.0 + 1.0
+        assert waiter.owned()
+    finally:
+        proc.kill()
+        proc.join(timeout=5)
+
+
+def test_auto_renew_holds_past_several_leases(make_lock: Any) -> None:
+    """With auto_renew a 0.5 s lease is held for 2.5 s; rivals fail throughout."""
+    holder = make_lock(timeout=0.5, auto_renew=True)
+    rival = make_lock()
+    assert holder.acquire()
+    deadline = time.monotonic() + 2.5
+    while time.monotonic() < deadline:
+        assert not rival.acquire(blocking=False)
+        time.sleep(0.1)
+    assert holder.owned()
+    assert not holder.lease_lost
+    holder.release()
+    time.sleep(0.3)  # a renewal after release would recreate the key
+    assert not holder.locked()
+
+
+def test_auto_renew_reports_a_lost_lease(make_lock: Any, client: redis.Redis, key: str) -> None:
+    """When the key is taken away, the renewer sets lease_lost instead of dying silently."""
+    holder = make_lock(timeout=0.6, auto_renew=True)
+    assert holder.acquire()
+    client.delete(key)
+    deadline = time.monotonic() + 3
+    while not holder.lease_lost and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert holder.lease_lost
