@@ -4,6 +4,7 @@ This module only re-exports; see ``lock`` for the Redis lock engine and ``task``
 Celery side.
 """
 
+from celery_singleton_lock import signals as _signals  # noqa: F401  (connects the receivers)
 from celery_singleton_lock._version import __version__
 from celery_singleton_lock.exceptions import (
     LockBackendError,
@@ -13,13 +14,16 @@ from celery_singleton_lock.exceptions import (
     TaskLocked,
 )
 from celery_singleton_lock.lock import RedisLock
+from celery_singleton_lock.task import LockedTask, current_lock
 
 __all__ = [
     "LockBackendError",
     "LockError",
     "LockNotOwned",
+    "LockedTask",
     "RedisLock",
     "SingletonLockError",
     "TaskLocked",
     "__version__",
+    "current_lock",
 ]

@@ -6,10 +6,12 @@ plain-command mode, by ``owned()``/``locked()`` and by the admin CLI.
 
 from __future__ import annotations
 
+import json
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
 
-__all__ = ["LockValue", "format_value", "parse_value"]
+__all__ = ["Holder", "LockValue", "format_value", "parse_value"]
 
 # Below this a classic timestamp is in seconds (10^11 s is the year 5138; 10^11 ms is 1973).
 _SECONDS_LIMIT = 100_000_000_000
@@ -38,6 +40,40 @@ class LockValue:
         if self.expiry_ms is None:
             return ttl_ms is not None and ttl_ms > 0
         return self.expiry_ms > now_ms
+
+    def holder(self, now_ms: int, ttl_ms: int | None) -> Holder | None:
+        """Who holds the lock at ``now_ms``, or None when nobody does."""
+        if not self.held_at(now_ms, ttl_ms):
+            return None
+        remaining = (self.expiry_ms - now_ms) if self.expiry_ms is not None else ttl_ms
+        try:
+            info = json.loads(self.info) if self.info else {}
+        except ValueError:
+            info = {"text": self.info}
+        return Holder(
+            token=self.token,
+            fence=self.fence,
+            remaining_ms=remaining,
+            info=info if isinstance(info, dict) else {"text": self.info},
+            classic=self.classic,
+        )
+
+
+@dataclass(frozen=True)
+class Holder:
+    """The current holder of a lock as seen by an observer (the CLI, a conflicting task)."""
+
+    token: str | None
+    fence: int | None
+    remaining_ms: int | None
+    info: dict[str, Any] = field(default_factory=dict)
+    classic: bool = False
+
+    @property
+    def task_id(self) -> str | None:
+        """The Celery task id of the holder, when the holder is a task."""
+        value = self.info.get("task_id")
+        return str(value) if value is not None else None
 
 
 def parse_value(raw: bytes | str) -> LockValue:

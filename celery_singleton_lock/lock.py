@@ -31,7 +31,7 @@ from redis.commands.core import Script
 
 from celery_singleton_lock import _scripts
 from celery_singleton_lock._renewer import renewer
-from celery_singleton_lock._value import LockValue, format_value, parse_value
+from celery_singleton_lock._value import Holder, LockValue, format_value, parse_value
 from celery_singleton_lock.exceptions import LockBackendError, LockError, LockNotOwned
 
 __all__ = ["RedisLock", "companion_key"]
@@ -218,6 +218,17 @@ class RedisLock:
         """Whether anyone holds the lock right now, per the server's clock."""
         now_ms, value, ttl = self._inspect()
         return value is not None and value.held_at(now_ms, ttl)
+
+    def holder(self) -> Holder | None:
+        """Who holds the lock now (token, fencing token, lease left, holder info), or None."""
+        now_ms, value, ttl = self._inspect()
+        return value.holder(now_ms, ttl) if value is not None else None
+
+    def detach(self) -> None:
+        """Stop renewing and forget the hold locally, without releasing it: the lock stays
+        with whoever has this owner token (e.g. a queued task message) until it expires."""
+        self._stop_renewing()
+        self.fencing_token = None
 
     def __enter__(self) -> RedisLock:
         self.acquire()

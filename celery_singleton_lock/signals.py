@@ -1,0 +1,85 @@
+"""Celery signal receivers that release locks at the end of every run, however it ends.
+
+Connected once per process (``dispatch_uid``) when the package is imported; the Celery CLI
+imports it through the ``celery.commands`` entry point, so workers and beat always have them.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from celery import signals
+from celery._state import connect_on_app_finalize
+from celery.exceptions import TimeLimitExceeded, WorkerLostError
+
+from celery_singleton_lock.task import install, release_after_run, release_for_lost_run
+
+__all__ = ["connect"]
+
+log = logging.getLogger("celery_singleton_lock.signals")
+
+
+def _on_postrun(task_id: str | None = None, state: str | None = None, **_: Any) -> None:
+    """Every run ends here (Celery sends it from a ``finally``): release its lock."""
+    if task_id:
+        release_after_run(task_id, state)
+
+
+def _on_revoked(sender: Any = None, request: Any = None, **_: Any) -> None:
+    """A revoked task never runs (or was terminated): free the lock it holds, if any."""
+    if sender is None or request is None or not getattr(request, "id", None):
+        return
+    try:
+        release_for_lost_run(sender, request.id, request.args or (), request.kwargs or {}, request)
+    except Exception:  # a receiver must never break the worker
+        log.exception("could not release the lock of revoked task %s", request.id)
+
+
+def _on_failure(
+    sender: Any = None,
+    task_id: str | None = None,
+    exception: BaseException | None = None,
+    args: Any = None,
+    kwargs: Any = None,
+    **_: Any,
+) -> None:
+    """The pool's parent saw a child die or hit the hard time limit: the child cannot
+    release, so the parent does, at once, instead of waiting out the lease."""
+    if (
+        sender is None
+        or not task_id
+        or not isinstance(exception, (WorkerLostError, TimeLimitExceeded))
+    ):
+        return
+    try:
+        release_for_lost_run(sender, task_id, args or (), kwargs or {}, sender.request)
+    except Exception:
+        log.exception("could not release the lock of lost task %s", task_id)
+
+
+def _on_start(sender: Any = None, **_: Any) -> None:
+    """Worker or beat start: lock the tasks listed in ``singleton_lock_tasks``."""
+    app = getattr(sender, "app", None)
+    if app is not None:
+        install(app)
+
+
+def _on_app_finalize(app: Any) -> None:
+    app.on_after_finalize.connect(
+        lambda sender=None, **_: install(sender or app), weak=False,
+        dispatch_uid="celery_singleton_lock.install",
+    )  # fmt: skip
+
+
+def connect() -> None:
+    """Connect every receiver (idempotent)."""
+    signals.task_postrun.connect(_on_postrun, weak=False, dispatch_uid="csl.postrun")
+    signals.task_revoked.connect(_on_revoked, weak=False, dispatch_uid="csl.revoked")
+    signals.task_failure.connect(_on_failure, weak=False, dispatch_uid="csl.failure")
+    signals.worker_init.connect(_on_start, weak=False, dispatch_uid="csl.worker_init")
+    signals.beat_init.connect(_on_start, weak=False, dispatch_uid="csl.beat_init")
+    connect_on_app_finalize(_on_app_finalize)
+
+
+connect()

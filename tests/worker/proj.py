@@ -1,0 +1,180 @@
+"""The Celery app the worker tests run in real ``celery worker`` processes.
+
+Configured from the environment so the test process and its workers agree:
+``CSL_BROKER_URL`` (broker), ``CSL_LOCK_URL`` (lock Redis, default: the broker),
+``CSL_DATA_URL`` (where tasks keep their shared state), ``CSL_FAIL_OPEN``.
+Every task records what it did in Redis so tests can check overlap and counts.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from typing import Any
+
+import redis
+from celery import Celery
+
+from celery_singleton_lock import LockedTask, current_lock
+
+BROKER = os.environ.get("CSL_BROKER_URL", "redis://127.0.0.1:6399/0")
+
+app = Celery("proj", broker=BROKER, backend=os.environ.get("CSL_BACKEND_URL") or None)
+app.conf.update(
+    singleton_lock_url=os.environ.get("CSL_LOCK_URL") or None,
+    singleton_lock_fail_open=os.environ.get("CSL_FAIL_OPEN") == "1",
+    singleton_lock_tasks={"tests.worker.proj.plain_*": {"lock_keys": ["x"]}},
+    task_default_queue=os.environ.get("CSL_QUEUE", "csl-tests"),
+    worker_prefetch_multiplier=1,
+    broker_connection_retry_on_startup=True,
+    task_acks_late=False,
+    result_expires=600,
+    beat_schedule={
+        "dedup": {"task": "tests.worker.proj.beat_job", "schedule": 1.0, "args": ("beat",)}
+    },
+)
+
+_data: redis.Redis | None = None
+_data_pid = 0
+
+
+def data() -> redis.Redis:
+    """A client of the data Redis for this process (recreated after fork)."""
+    global _data, _data_pid  # noqa: PLW0603 - one lazily built client per process
+    if _data is None or _data_pid != os.getpid():
+        _data = redis.Redis.from_url(os.environ.get("CSL_DATA_URL", BROKER))
+        _data_pid = os.getpid()
+    return _data
+
+
+def section(name: str, seconds: float) -> None:
+    """A critical section that records overlap: max concurrent holders of ``name``."""
+    r = data()
+    inside = r.incr(f"inside:{name}")
+    r.rpush(f"events:{name}", f"start {time.time():.6f} {os.getpid()}")
+    if inside > 1:
+        r.incr(f"overlaps:{name}")
+    time.sleep(seconds)
+    r.rpush(f"events:{name}", f"end {time.time():.6f}")
+    r.decr(f"inside:{name}")
+
+
+@app.task(base=LockedTask, lock_keys=["sku"], lock_on_conflict="wait", lock_timeout=10)
+def buy(sku: str, user_id: int) -> bool:
+    """Flash sale: a deliberately non-atomic read-check-write of the stock."""
+    r = data()
+    if r.incr(f"inside:{sku}") > 1:
+        r.incr(f"overlaps:{sku}")
+    stock = int(r.get(f"stock:{sku}") or 0)
+    time.sleep(0.005)
+    sold = stock > 0
+    if sold:
+        r.set(f"stock:{sku}", stock - 1)
+        r.rpush(f"sold:{sku}", user_id)
+    r.decr(f"inside:{sku}")
+    return sold
+
+
+@app.task(base=LockedTask, lock_keys=["tenant"], lock_on_conflict="wait")
+def next_id(tenant: str) -> int:
+    """Global sequence: read, increment, write back; must never hand out a number twice."""
+    r = data()
+    number = int(r.get(f"seq:{tenant}") or 0) + 1
+    time.sleep(0.002)
+    r.set(f"seq:{tenant}", number)
+    r.rpush(f"ids:{tenant}", number)
+    fence = current_lock()
+    r.rpush(f"fences:{tenant}", fence.fencing_token if fence and fence.fencing_token else -1)
+    return number
+
+
+@app.task(base=LockedTask)
+def skippy(name: str, seconds: float = 1.0) -> str:
+    """Default policy (skip): a duplicate while this runs does nothing."""
+    section(name, seconds)
+    return "ran"
+
+
+@app.task(base=LockedTask, lock_keys=["a", "b"])
+def bound(a: int, b: int = 2, note: str = "") -> str:
+    """Keys only on a and b, after binding: f(1), f(1, 2), f(a=1, b=2) are one lock."""
+    section(f"bound-{a}-{b}", 1.0)
+    return note
+
+
+@app.task(base=LockedTask, lock_scope="queue")
+def queued(name: str, seconds: float = 1.0) -> str:
+    """Queue scope: held from delay() until the run ends."""
+    section(name, seconds)
+    return "ran"
+
+
+@app.task(base=LockedTask, lock_on_conflict="raise")
+def raising(name: str, seconds: float = 1.0) -> str:
+    """Raise policy: a duplicate fails with TaskLocked."""
+    section(name, seconds)
+    return "ran"
+
+
+@app.task(base=LockedTask, lock_on_conflict="retry", lock_retry_delay=0.3, max_retries=50)
+def retrying(name: str, seconds: float = 1.0) -> str:
+    """Retry policy: a duplicate comes back later and runs after the first."""
+    section(name, seconds)
+    return "ran"
+
+
+def _retry_once(task: Any, name: str) -> str:
+    r = data()
+    attempt = r.incr(f"attempts:{name}")
+    r.rpush(f"locked-during:{name}", int(bool(current_lock() and current_lock().owned())))  # type: ignore[union-attr]
+    if attempt == 1:
+        raise task.retry(countdown=1.5)
+    return f"attempt {attempt}"
+
+
+@app.task(base=LockedTask, bind=True, lock_scope="queue", max_retries=3)
+def retry_queue(self: Any, name: str) -> str:
+    """Queue scope + self.retry(): the lock follows the retried message."""
+    return _retry_once(self, name)
+
+
+@app.task(base=LockedTask, bind=True, max_retries=3)
+def retry_run(self: Any, name: str) -> str:
+    """Run scope + self.retry(): the lock is released between attempts."""
+    return _retry_once(self, name)
+
+
+@app.task(base=LockedTask, lock_timeout=1.0)
+def renewing(name: str, seconds: float = 4.0) -> str:
+    """A body four times longer than its 1 s lease: renewal keeps others out."""
+    section(name, seconds)
+    return "ran"
+
+
+@app.task(base=LockedTask, lock_timeout=2.0, lock_on_conflict="wait", lock_wait=30)
+def crashy(name: str, seconds: float = 60.0) -> str:
+    """Runs long enough to be killed mid-run."""
+    section(name, seconds)
+    return "ran"
+
+
+@app.task(base=LockedTask, lock_timeout=30.0, time_limit=1.5)
+def hard_limit(name: str) -> str:
+    """Exceeds its hard time limit: the pool kills the child; the parent frees the lock."""
+    data().rpush(f"events:{name}", "start")
+    time.sleep(30)
+    return "never"
+
+
+@app.task
+def plain_job(x: str, seconds: float = 1.0) -> str:
+    """A task that does not use LockedTask; locked only through singleton_lock_tasks."""
+    section(f"plain-{x}", seconds)
+    return "ran"
+
+
+@app.task(base=LockedTask, lock_scope="queue")
+def beat_job(name: str) -> str:
+    """A periodic job that takes three times its one-second period."""
+    section(name, 3.0)
+    return "ran"
