@@ -70,12 +70,12 @@ class Worker:
         return [int(pid) for pid in out.stdout.split()]
 
     def stop(self, timeout: float = 15.0) -> None:
-        """Warm shutdown (SIGTERM to the group), then SIGKILL after ``timeout``."""
+        """Warm shutdown (SIGTERM to the parent), then SIGKILL to the group after ``timeout``."""
         if self.stopped:
             return
         self.stopped = True
         try:
-            os.killpg(self.pid, signal.SIGTERM)
+            os.kill(self.pid, signal.SIGTERM)
         except ProcessLookupError:
             return
         try:
@@ -134,6 +134,23 @@ class WorkerFactory:
             time.sleep(0.1)
         worker.stop()
         raise TimeoutError(f"worker not ready:\n{worker.text()[-3000:]}")
+
+    def beat(self, app: str = "tests.worker.proj") -> Worker:
+        """Start ``celery beat`` for ``app`` with a throwaway schedule file."""
+        name = f"beat{len(self.started)}"
+        log = self.tmp / f"{name}.log"
+        cmd = [
+            sys.executable, "-m", "celery", "-A", app, "beat",
+            "--schedule", str(self.tmp / f"{name}-schedule"), "--pidfile", "",
+            "--loglevel", "INFO", "--logfile", str(log), "--max-interval", "1",
+        ]  # fmt: skip
+        process = subprocess.Popen(
+            cmd, cwd=ROOT, env={**os.environ, **self.env}, stdout=subprocess.DEVNULL,
+            stderr=subprocess.STDOUT, start_new_session=True,
+        )  # fmt: skip
+        beat = Worker(process, log)
+        self.started.append(beat)
+        return beat
 
     def stop_all(self) -> None:
         for worker in self.started:

@@ -23,6 +23,7 @@ app = Celery("proj", broker=BROKER, backend=os.environ.get("CSL_BACKEND_URL") or
 app.conf.update(
     singleton_lock_url=os.environ.get("CSL_LOCK_URL") or None,
     singleton_lock_fail_open=os.environ.get("CSL_FAIL_OPEN") == "1",
+    singleton_lock_on_conflict=os.environ.get("CSL_ON_CONFLICT") or "skip",
     singleton_lock_tasks={"tests.worker.proj.plain_*": {"lock_keys": ["x"]}},
     task_default_queue=os.environ.get("CSL_QUEUE", "csl-tests"),
     worker_prefetch_multiplier=1,

@@ -1,0 +1,27 @@
+# One command per job. Each target sets itself up first (scripts/bootstrap.sh).
+.PHONY: test lint types demo bench check
+
+VENV := .venv/bin
+
+test:  ## the whole test suite: lint, types, then pytest against private redis-servers
+	@scripts/bootstrap.sh test,dev,demo
+	$(VENV)/ruff check .
+	$(VENV)/ruff format --check .
+	$(VENV)/mypy
+	$(VENV)/pytest
+
+lint:
+	@scripts/bootstrap.sh test,dev
+	$(VENV)/ruff check . && $(VENV)/ruff format --check .
+
+types:
+	@scripts/bootstrap.sh test,dev
+	$(VENV)/mypy
+
+demo:  ## the flash-sale demo (REDIS_URL to use your Redis; else a private one is started)
+	@scripts/bootstrap.sh demo
+	$(VENV)/python -m examples.flash_sale.demo $(ARGS)
+
+bench:  ## benchmarks against the libraries users would pick instead
+	@scripts/bootstrap.sh test,dev,bench
+	$(VENV)/python -m benchmarks.bench_lock

@@ -1,0 +1,362 @@
+"""``celery -A proj locks ...`` run as a real ``celery`` subprocess against a private Redis."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import redis
+
+from celery_singleton_lock import RedisLock
+from celery_singleton_lock.keys import task_lock_key
+from celery_singleton_lock.lock import companion_key
+from celery_singleton_lock.testing import RedisServer, free_port
+from tests.cli import cliproj
+
+ROOT = Path(__file__).resolve().parents[2]
+TASK = "shop.buy"
+
+Run = Callable[..., "subprocess.CompletedProcess[str]"]
+
+
+@pytest.fixture
+def prefix(client: redis.Redis) -> Iterator[str]:
+    """A lock prefix of this test's own on the shared server; its keys are deleted after."""
+    name = f"cli-{uuid.uuid4().hex[:10]}"
+    yield name
+    for pattern in (f"{name}:*", f"{name}-*", f"{{{name}*"):
+        for found in client.scan_iter(match=pattern, count=500):
+            client.delete(found)
+
+
+@pytest.fixture
+def run(redis_server: RedisServer, prefix: str) -> Run:
+    """Run ``celery -A tests.cli.cliproj locks ARGS...``; returns the finished process."""
+
+    def run_cli(
+        *args: str, url: str | None = None, stdin: str | None = None, **env: str
+    ) -> subprocess.CompletedProcess[str]:
+        environ = {
+            **os.environ,
+            "PYTHONPATH": str(ROOT),
+            "CSL_CLI_URL": url or redis_server.url,
+            "CSL_CLI_PREFIX": prefix,
+            **env,
+        }
+        return subprocess.run(
+            [sys.executable, "-m", "celery", "-A", "tests.cli.cliproj", "locks", *args],
+            cwd=ROOT,
+            env=environ,
+            input=stdin,
+            stdin=subprocess.DEVNULL if stdin is None else None,
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+
+    return run_cli
+
+
+def buy_key(prefix: str, args: list[Any], kwargs: dict[str, Any] | None = None) -> str:
+    """The key of a ``shop.buy`` call, computed in this process."""
+    return task_lock_key(prefix, TASK, cliproj.buy.run, args, kwargs or {}, ["sku"])
+
+
+def hold(client: redis.Redis, name: str, task_id: str, *, queued: bool = False) -> RedisLock:
+    """Take a real lock on ``name`` as if task ``task_id`` of ``shop.buy`` held it."""
+    info: dict[str, Any] = {"task_id": task_id, "task": TASK, "host": "box-1", "pid": 4242}
+    if queued:
+        info["queued"] = True
+    lock = RedisLock(client, name, timeout=30.0, holder_info=info)
+    assert lock.acquire(blocking=False)
+    return lock
+
+
+def rows(output: str) -> dict[str, str]:
+    """Table lines of ``locks list`` by their first cell (the key)."""
+    return {line.split()[0]: line for line in output.splitlines()[2:] if line.strip()}
+
+
+def test_celery_lists_the_locks_subcommand() -> None:
+    """The ``celery.commands`` entry point puts ``locks`` into ``celery --help``."""
+    done = subprocess.run(
+        [sys.executable, "-m", "celery", "--help"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    assert re.search(r"^\s+locks\s+List, clear", done.stdout, re.MULTILINE), done.stdout
+
+
+def test_list_shows_holder_lease_and_fencing_token(
+    run: Run, client: redis.Redis, prefix: str, redis_server: RedisServer
+) -> None:
+    """Each held lock is one row with its key, task id and name, host/pid, lease left
+    and fencing token, under a header naming the Redis URL; signal lists are not rows."""
+    first = hold(client, buy_key(prefix, ["sku-1", 7]), "task-aaa")
+    second = hold(client, buy_key(prefix, ["sku-2", 7]), "task-bbb", queued=True)
+    client.rpush(companion_key(first.name, "signal"), "1")
+
+    done = run("list")
+
+    assert done.returncode == 0, done.stderr
+    header = done.stdout.splitlines()[0]
+    assert redis_server.url in header
+    assert "2 held" in header
+    table = rows(done.stdout)
+    assert set(table) == {first.name, second.name}
+    line = table[first.name]
+    assert "task-aaa" in line
+    assert TASK in line
+    assert "box-1/4242" in line
+    assert str(first.fencing_token) in line
+    lease = re.search(r"\s(\d+\.\d)s\s", line)
+    assert lease is not None
+    assert 0 < float(lease.group(1)) <= 30.0
+    assert line.rstrip().endswith("no")
+    assert table[second.name].rstrip().endswith("yes")
+    assert list(table) == sorted(table)
+
+
+def test_list_json_is_a_list_of_objects(run: Run, client: redis.Redis, prefix: str) -> None:
+    """``--json`` prints a JSON list with the holder, lease left in seconds and token."""
+    lock = hold(client, buy_key(prefix, ["sku-1", 7]), "task-aaa", queued=True)
+
+    done = run("list", "--json")
+
+    assert done.returncode == 0, done.stderr
+    (row,) = json.loads(done.stdout)
+    assert row["key"] == lock.name
+    assert row["kind"] == "lock"
+    assert row["held"] is True
+    assert row["task_id"] == "task-aaa"
+    assert row["task"] == TASK
+    assert (row["host"], row["pid"]) == ("box-1", 4242)
+    assert 0 < row["lease_left"] <= 30.0
+    assert row["fence"] == lock.fencing_token
+    assert row["queued"] is True
+
+
+def test_list_survives_classic_and_garbage_values(
+    run: Run, client: redis.Redis, prefix: str
+) -> None:
+    """Classic integer timestamps (held or long expired) and garbage bytes each get a row
+    instead of crashing the listing."""
+    classic = f"{prefix}:classic"
+    old = f"{prefix}:old"
+    garbage = f"{prefix}:garbage"
+    client.set(classic, str(int(time.time()) + 60))
+    client.set(old, "12345")
+    client.set(garbage, b"\xff\x00 not a lock", ex=60)
+
+    table = run("list")
+    listed = run("list", "--json")
+
+    assert table.returncode == 0, table.stderr
+    assert set(rows(table.stdout)) == {classic, old, garbage}
+    assert "expired" in rows(table.stdout)[old]
+    assert listed.returncode == 0, listed.stderr
+    by_key = {row["key"]: row for row in json.loads(listed.stdout)}
+    assert (by_key[classic]["kind"], by_key[classic]["held"]) == ("classic", True)
+    assert 0 < by_key[classic]["lease_left"] <= 61
+    assert (by_key[old]["kind"], by_key[old]["held"]) == ("classic", False)
+    assert (by_key[garbage]["kind"], by_key[garbage]["held"]) == ("foreign", True)
+
+
+def test_list_match_finds_locks_outside_the_prefix(
+    run: Run, client: redis.Redis, prefix: str
+) -> None:
+    """A RedisLock named by the user is not under the prefix; ``--match`` lists it."""
+    engine = hold(client, f"{prefix}-orders:{{sku-42}}", "task-ccc")
+
+    default = run("list", "--json")
+    matched = run("list", "--json", "--match", f"{prefix}-orders:*")
+
+    assert default.returncode == 0, default.stderr
+    assert json.loads(default.stdout) == []
+    assert matched.returncode == 0, matched.stderr
+    assert [row["key"] for row in json.loads(matched.stdout)] == [engine.name]
+
+
+def test_key_matches_the_in_process_key_however_arguments_are_bound(run: Run, prefix: str) -> None:
+    """``locks key`` prints ``keys.task_lock_key``'s key, and positional or keyword
+    spellings of one call give that same key."""
+    expected = buy_key(prefix, ["sku-1", 7])
+
+    spellings = [
+        ("key", TASK, '["sku-1", 7]'),
+        ("key", TASK, "[]", '{"sku": "sku-1", "user_id": 7}'),
+        ("key", TASK, '["sku-1"]', '{"user_id": 7}'),
+        ("key", TASK, '["sku-1", 8]'),  # lock_keys=["sku"]: the user does not count
+    ]
+    outputs = [run(*args) for args in spellings]
+
+    for done in outputs:
+        assert done.returncode == 0, done.stderr
+        assert done.stdout.strip() == expected
+    other = run("key", TASK, '["sku-2", 7]')
+    assert other.returncode == 0, other.stderr
+    assert other.stdout.strip() == buy_key(prefix, ["sku-2", 7]) != expected
+
+
+def test_key_of_an_unknown_task_names_the_close_ones(run: Run) -> None:
+    """An unregistered task name exits non-zero and suggests the registered near names."""
+    done = run("key", "shop.bye", '["sku-1", 7]')
+
+    assert done.returncode != 0
+    assert "unknown task 'shop.bye'" in done.stderr
+    assert "'shop.buy'" in done.stderr
+    assert done.stdout == ""
+
+
+def test_key_rejects_bad_json(run: Run) -> None:
+    """Arguments that are not a JSON array / object are a usage error naming the argument."""
+    broken = run("key", TASK, "[oops")
+    wrong_type = run("key", TASK, '{"sku": "sku-1"}')
+    wrong_kwargs = run("key", TASK, "[]", '["sku-1"]')
+
+    assert broken.returncode == 2
+    assert "ARGS_JSON" in broken.stderr
+    assert "not valid JSON" in broken.stderr
+    assert wrong_type.returncode == 2
+    assert "must be a JSON array" in wrong_type.stderr
+    assert wrong_kwargs.returncode == 2
+    assert "KWARGS_JSON" in wrong_kwargs.stderr
+    assert "must be a JSON object" in wrong_kwargs.stderr
+
+
+def test_key_of_an_unlocked_task_is_an_error(run: Run) -> None:
+    """A registered task that no lock applies to has no key: a clear error."""
+    done = run("key", "shop.restock", '["sku-1"]')
+
+    assert done.returncode == 1
+    assert "'shop.restock' is not locked" in done.stderr
+
+
+def test_clear_key_deletes_only_that_lock_and_its_signal_list(
+    run: Run, client: redis.Redis, prefix: str
+) -> None:
+    """``clear KEY --yes`` deletes that lock and its waiters' list, and no other lock."""
+    gone = hold(client, buy_key(prefix, ["sku-1", 7]), "task-aaa")
+    kept = hold(client, buy_key(prefix, ["sku-2", 7]), "task-bbb")
+    signal = companion_key(gone.name, "signal")
+    client.rpush(signal, "1")
+
+    done = run("clear", gone.name, "--yes")
+
+    assert done.returncode == 0, done.stderr
+    assert "Cleared 1 lock." in done.stdout
+    assert client.exists(gone.name, signal) == 0
+    assert client.exists(kept.name) == 1
+
+
+def test_clear_all_deletes_every_key_under_the_prefix_only(
+    run: Run, client: redis.Redis, prefix: str
+) -> None:
+    """``clear --all --yes`` empties the prefix and leaves keys outside it alone."""
+    held = [hold(client, buy_key(prefix, [f"sku-{n}", 7]), f"task-{n}") for n in range(3)]
+    client.rpush(companion_key(held[0].name, "signal"), "1")
+    client.set(f"{prefix}:classic", "12345")
+    outside = [f"{prefix}-other:x", f"{prefix}x:y"]
+    for name in outside:
+        client.set(name, "keep me", ex=60)
+
+    done = run("clear", "--all", "--yes")
+
+    assert done.returncode == 0, done.stderr
+    assert "Cleared 4 locks and 1 signal list" in done.stdout
+    assert list(client.scan_iter(match=f"{prefix}:*")) == []
+    assert client.exists(*outside) == len(outside)
+
+
+def test_clear_without_yes_and_no_stdin_deletes_nothing(
+    run: Run, client: redis.Redis, prefix: str
+) -> None:
+    """With stdin closed the confirmation aborts: non-zero exit, every lock still there."""
+    lock = hold(client, buy_key(prefix, ["sku-1", 7]), "task-aaa")
+
+    single = run("clear", lock.name)
+    everything = run("clear", "--all")
+
+    for done in (single, everything):
+        assert done.returncode != 0
+        assert "Aborted" in done.stderr
+    assert client.exists(lock.name) == 1
+
+
+def test_clear_follows_the_typed_answer(run: Run, client: redis.Redis, prefix: str) -> None:
+    """Answering "n" keeps the lock; answering "y" clears it."""
+    lock = hold(client, buy_key(prefix, ["sku-1", 7]), "task-aaa")
+
+    refused = run("clear", lock.name, stdin="n\n")
+    assert refused.returncode != 0
+    assert client.exists(lock.name) == 1
+
+    accepted = run("clear", lock.name, stdin="y\n")
+    assert accepted.returncode == 0, accepted.stderr
+    assert client.exists(lock.name) == 0
+
+
+def test_clear_needs_keys_or_all_but_not_both(run: Run, client: redis.Redis, prefix: str) -> None:
+    """``clear`` with neither KEYs nor --all, or with both, is a usage error."""
+    lock = hold(client, buy_key(prefix, ["sku-1", 7]), "task-aaa")
+
+    neither = run("clear", "--yes")
+    both = run("clear", lock.name, "--all", "--yes")
+
+    assert neither.returncode == 2
+    assert "--all" in neither.stderr
+    assert both.returncode == 2
+    assert client.exists(lock.name) == 1
+
+
+def test_clear_refuses_a_key_that_is_not_a_lock(run: Run, client: redis.Redis, prefix: str) -> None:
+    """A non-string key outside the prefix (e.g. a broker queue) is refused, and then no
+    key of that call is deleted."""
+    lock = hold(client, buy_key(prefix, ["sku-1", 7]), "task-aaa")
+    queue = f"{prefix}-queue"
+    client.rpush(queue, "message")
+
+    done = run("clear", lock.name, queue, "--yes")
+
+    assert done.returncode == 1
+    assert "not locks" in done.stderr
+    assert client.exists(lock.name, queue) == 2
+
+
+def test_redis_down_is_a_one_line_error(run: Run) -> None:
+    """With nothing listening on the lock Redis port, list and clear exit non-zero with one
+    line naming the masked URL, and no traceback."""
+    url = f"redis://:s3cret@127.0.0.1:{free_port()}/0"
+
+    for args in (("list",), ("clear", "--all", "--yes")):
+        done = run(*args, url=url)
+
+        assert done.returncode != 0
+        assert "Traceback" not in done.stderr
+        lines = done.stderr.strip().splitlines()
+        assert len(lines) == 1, done.stderr
+        assert "127.0.0.1" in lines[0]
+        assert "s3cret" not in done.stderr + done.stdout
+
+
+def test_bad_settings_show_the_improperly_configured_message(run: Run) -> None:
+    """A bad ``singleton_lock_*`` setting is reported by name, without a traceback."""
+    done = run("list", CSL_CLI_PREFIX="bad prefix")
+
+    assert done.returncode != 0
+    assert "singleton_lock_prefix" in done.stderr
+    assert "Traceback" not in done.stderr

@@ -1,0 +1,132 @@
+"""Crashes, time limits, renewal, revocation and config-locked tasks on real workers."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from types import ModuleType
+from typing import Any
+
+import pytest
+import redis
+
+from tests.worker.conftest import wait_for
+from tests.worker.test_policies import _runs
+
+pytestmark = pytest.mark.slow
+
+
+def _lock_keys(data: redis.Redis, task: str) -> list[str]:
+    return [k for k in data.scan_iter(match=f"csl:tests.worker.proj.{task}:*") if "signal" not in k]
+
+
+def test_sigkilled_worker_lock_frees_within_its_lease(
+    proj: ModuleType, data: redis.Redis, workers: Any
+) -> None:
+    """SIGKILL the whole worker (parent and children) mid-task with a 2 s lease: another
+    worker runs the same key within the lease plus a small bound, never before the kill."""
+    doomed = workers(concurrency=1)
+    proj.crashy.delay("c1", 60.0)
+    assert wait_for(lambda: data.llen("events:c1") >= 1, timeout=20)
+    workers(concurrency=1)
+    time.sleep(1.0)  # let the renewer extend at least once: the lease is still 2 s
+    doomed.kill()
+    killed = time.time()
+    successor = proj.crashy.delay("c1", 0.1)
+    assert successor.get(timeout=30) == "ran"
+    second_start = _runs(data, "c1")[0][0] if len(_runs(data, "c1")) else None
+    starts = [float(e.split()[1]) for e in data.lrange("events:c1", 0, -1) if e.startswith("start")]
+    assert len(starts) == 2, second_start
+    assert 0 < starts[1] - killed < 2.0 + 1.0
+
+
+def test_hard_time_limit_child_lock_is_freed_by_the_parent(
+    proj: ModuleType, data: redis.Redis, workers: Any
+) -> None:
+    """A child killed by the hard time limit (1.5 s) cannot release its 30 s lease; the
+    worker's parent sees the loss and frees the lock right away."""
+    workers(concurrency=1)
+    started = time.monotonic()
+    proj.hard_limit.delay("h1")
+    assert wait_for(lambda: data.llen("events:h1") >= 1, timeout=20)
+    assert _lock_keys(data, "hard_limit")
+    assert wait_for(lambda: not _lock_keys(data, "hard_limit"), timeout=15)
+    assert time.monotonic() - started < 10  # far below the 30 s lease
+
+
+def test_sigkilled_child_lock_is_freed_by_the_parent(
+    proj: ModuleType, data: redis.Redis, workers: Any
+) -> None:
+    """SIGKILL only the pool child running a task (as the OOM killer would): the parent
+    reports the worker lost and releases the 30 s lock within seconds."""
+    worker = workers(concurrency=1)
+    proj.hard_limit.delay("k1")
+    assert wait_for(lambda: data.llen("events:k1") >= 1, timeout=20)
+    children = worker.children()
+    assert children
+    for pid in children:
+        os.kill(pid, signal.SIGKILL)
+    killed = time.monotonic()
+    assert wait_for(lambda: not _lock_keys(data, "hard_limit"), timeout=15)
+    assert time.monotonic() - killed < 10
+
+
+def test_renewal_keeps_a_long_run_exclusive(
+    proj: ModuleType, data: redis.Redis, workers: Any
+) -> None:
+    """A 4 s body with a 1 s lease keeps its lock: a duplicate 2 s in is skipped."""
+    workers(concurrency=2)
+    first = proj.renewing.delay("n1", 4.0)
+    assert wait_for(lambda: data.llen("events:n1") >= 1, timeout=20)
+    time.sleep(2.0)
+    duplicate = proj.renewing.delay("n1", 4.0)
+    assert duplicate.get(timeout=20) is None
+    assert first.get(timeout=20) == "ran"
+    assert data.get("overlaps:n1") is None
+    assert len(_runs(data, "n1")) == 1
+
+
+def test_revoking_a_queued_queue_scope_task_frees_its_lock(
+    proj: ModuleType, data: redis.Redis, workers: Any
+) -> None:
+    """A queue-scope task revoked while still queued never runs and its lock is released,
+    so the next call publishes (a new id) and runs."""
+    workers(concurrency=1)
+    busy = proj.skippy.delay("busy", 2.0)
+    assert wait_for(lambda: data.llen("events:busy") >= 1, timeout=20)
+    queued = proj.queued.delay("rv", 0.1)
+    assert _lock_keys(data, "queued")
+    queued.revoke()
+    assert wait_for(lambda: not _lock_keys(data, "queued"), timeout=15)
+    busy.get(timeout=20)
+    again = proj.queued.delay("rv", 0.1)
+    assert again.id != queued.id
+    assert again.get(timeout=20) == "ran"
+    assert len(_runs(data, "rv")) == 1
+
+
+def test_config_locks_a_task_without_locked_task_base(
+    proj: ModuleType, data: redis.Redis, workers: Any
+) -> None:
+    """singleton_lock_tasks locks a plain @app.task: duplicates are skipped, no overlap."""
+    workers(concurrency=3)
+    results = [proj.plain_job.delay("p1", 1.5) for _ in range(3)]
+    assert wait_for(lambda: all(r.ready() for r in results), timeout=30)
+    assert sorted(str(r.result) for r in results) == ["None", "None", "ran"]
+    assert data.get("overlaps:plain-p1") is None
+
+
+@pytest.mark.parametrize("pool", ["threads", "solo"])
+def test_other_pools_serialise_purchases(
+    proj: ModuleType, data: redis.Redis, workers: Any, pool: str
+) -> None:
+    """The threads and solo pools give the same guarantee as prefork: never oversold."""
+    workers(concurrency=4 if pool == "threads" else 1, pool=pool)
+    workers(concurrency=4 if pool == "threads" else 1, pool=pool)
+    data.set("stock:sku-p", 10)
+    results = [proj.buy.delay("sku-p", user) for user in range(40)]
+    assert wait_for(lambda: all(r.ready() for r in results), timeout=90)
+    assert sum(bool(r.result) for r in results) == 10
+    assert int(data.get("stock:sku-p")) == 0
+    assert data.get("overlaps:sku-p") is None
