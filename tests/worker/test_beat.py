@@ -25,8 +25,9 @@ def test_beat_ticks_never_overlap_nor_pile_up(
     proj: ModuleType, data: redis.Redis, workers: Any, beat_app: str, name: str
 ) -> None:
     """Over 9 s of 1 s ticks for a 3 s queue-scope job, runs never overlap, at most
-    ceil(9/3)+2 bodies run (one per 3 s, not one per tick), and the queue does not grow (duplicates publish nothing, or
-    are skipped at run time when beat only knows the task by name)."""
+    ceil(9/3)+2 bodies run (one per 3 s, not one per tick), and the queue does not grow
+    (duplicates publish nothing, or are skipped at run time when beat only knows the task
+    by name)."""
     workers(concurrency=2)
     workers.beat(beat_app)
     assert wait_for(lambda: data.llen(f"events:{name}") >= 1, timeout=30)  # beat is up

@@ -130,3 +130,18 @@ def test_other_pools_serialise_purchases(
     assert sum(bool(r.result) for r in results) == 10
     assert int(data.get("stock:sku-p")) == 0
     assert data.get("overlaps:sku-p") is None
+
+
+def test_warm_shutdown_releases_as_the_task_ends(
+    proj: ModuleType, data: redis.Redis, workers: Any
+) -> None:
+    """SIGTERM (warm shutdown) lets the running task finish, and its lock is released
+    when it ends, before the worker exits — not left to expire."""
+    worker = workers(concurrency=1)
+    result = proj.skippy.delay("warm", 2.0)
+    assert wait_for(lambda: data.llen("events:warm") >= 1, timeout=20)
+    assert _lock_keys(data, "skippy")
+    os.kill(worker.pid, signal.SIGTERM)
+    worker.process.wait(timeout=30)
+    assert result.get(timeout=10) == "ran"
+    assert not _lock_keys(data, "skippy")
