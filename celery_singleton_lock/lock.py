@@ -280,7 +280,7 @@ class RedisLock:
             now_ms, now_us = self._server_time()
             mine = format_value(now_ms + self._lease_ms, True, self.token, now_us, self.holder_info)
             if self._call(self.client.set, self.name, mine, nx=True, px=self._lease_ms + grace):
-                self.fencing_token = now_us
+                self.fencing_token = self._refence(now_us)
                 return None
             self._step("after-setnx")
             with self.client.pipeline() as pipe:
@@ -315,6 +315,37 @@ class RedisLock:
             self._restore(mine, old)
             return max(1, (parse_value(old).expiry_ms or now_ms + 1) - now_ms)
         return 10  # the key kept changing under us: report it held and let the caller wait
+
+    def _refence(self, provisional: int) -> int:
+        """Re-issue the fencing token from the server clock *after* a plain SETNX won.
+
+        The time read before the SETNX may predate a hold that began and ended in
+        between, so it could be lower than that holder's token; a clock reading taken
+        while we hold the lock is later than every earlier hold.
+        """
+        for _ in range(16):
+            with self.client.pipeline() as pipe:
+                try:
+                    pipe.watch(self.name)
+                    raw = pipe.get(self.name)
+                    current = parse_value(raw) if raw is not None else None
+                    if current is None or current.token != self.token:
+                        return provisional  # already lost (only possible past the lease)
+                    seconds, micros = pipe.time()
+                    fence = max(int(seconds) * 1_000_000 + int(micros), provisional + 1)
+                    pipe.multi()
+                    pipe.set(
+                        self.name,
+                        format_value(current.expiry_ms or 0, True, self.token, fence, current.info),
+                        keepttl=True,
+                    )
+                    pipe.execute()
+                    return fence
+                except redis.WatchError:
+                    continue
+                except redis.RedisError as exc:
+                    raise LockBackendError(f"Redis error: {exc}", self.name) from exc
+        raise LockError("the lock key kept changing while issuing its fencing token", self.name)
 
     def _restore(self, mine: str, theirs: bytes) -> None:
         """Undo a GETSET that overwrote a live holder's value, if nobody wrote since."""

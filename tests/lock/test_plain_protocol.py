@@ -60,3 +60,30 @@ def test_key_deleted_before_getset_is_won_without_clobbering(client: redis.Redis
     assert lock.acquire(blocking=False)
     assert lock.owned()
     assert (lock.fencing_token or 0) > 7
+
+
+def test_fence_stays_ahead_of_a_hold_that_fit_between_time_and_setnx(
+    client: redis.Redis, key: str
+) -> None:
+    """A whole rival hold (acquire and release) that happens after our TIME but before our
+    SETNX got a later clock reading than ours; our fencing token must still exceed its."""
+    rival_tokens: list[int] = []
+
+    def rival_hold() -> None:
+        rival = RedisLock(client, key, timeout=10)
+        assert rival.acquire(blocking=False)
+        rival_tokens.append(rival.fencing_token or 0)
+        rival.release()
+
+    class Late(Interleaved):
+        def _server_time(self) -> tuple[int, int]:
+            reading = super()._server_time()
+            if not self.done:
+                self.done = True
+                rival_hold()  # between our TIME and our SETNX
+            return reading
+
+    lock = Late(client, key, timeout=10, at="never", rival=None)
+    assert lock.acquire(blocking=False)
+    assert rival_tokens
+    assert (lock.fencing_token or 0) > rival_tokens[0]
