@@ -1,0 +1,1 @@
+"""Django: the settings names a Django project uses (``CELERY_SINGLETON_LOCK_…``)."""
