@@ -32,7 +32,7 @@ from celery.platforms import EX_UNAVAILABLE
 from kombu.utils.url import maybe_sanitize_url
 
 from celery_singleton_lock._value import Holder, LockValue, parse_value
-from celery_singleton_lock.client import redis_for
+from celery_singleton_lock.client import LockClient, redis_for
 from celery_singleton_lock.config import Settings, settings_for
 from celery_singleton_lock.keys import task_lock_key
 from celery_singleton_lock.lock import companion_key
@@ -117,7 +117,7 @@ def _redis_errors(url: str) -> Iterator[None]:
         ) from exc
 
 
-def _client(app: Celery, settings: Settings) -> redis.Redis:
+def _client(app: Celery, settings: Settings) -> LockClient:
     """The app's lock client (built lazily; connecting happens on the first command)."""
     try:
         return redis_for(app, settings.url)
@@ -125,18 +125,21 @@ def _client(app: Celery, settings: Settings) -> redis.Redis:
         raise click.ClickException(f"singleton_lock_url: {_one_line(str(exc))}") from exc
 
 
-def _scan(client: redis.Redis, pattern: str) -> Iterator[list[bytes | str]]:
-    """Pages of the keys matching ``pattern`` (SCAN, each key once)."""
+def _scan(client: LockClient, pattern: str) -> Iterator[list[bytes | str]]:
+    """Pages of the keys matching ``pattern`` (SCAN on every node of a cluster; each key
+    once)."""
     seen: set[bytes | str] = set()
-    cursor = 0
-    while True:
-        cursor, batch = client.scan(cursor=cursor, match=pattern, count=SCAN_COUNT)
-        fresh = [key for key in batch if key not in seen]
-        seen.update(fresh)
-        if fresh:
-            yield fresh
-        if cursor == 0:
-            return
+    page: list[bytes | str] = []
+    for key in client.scan_iter(match=pattern, count=SCAN_COUNT):
+        if key in seen:
+            continue
+        seen.add(key)
+        page.append(key)
+        if len(page) >= SCAN_COUNT:
+            yield page
+            page = []
+    if page:
+        yield page
 
 
 # ------------------------------------------------------------------------------ group
@@ -270,27 +273,26 @@ def lock_row(key: str, raw: bytes | str, ttl_ms: int, now_ms: int) -> LockRow:
     )
 
 
-def read_locks(client: redis.Redis, pattern: str, *, foreign: bool = True) -> list[LockRow]:
+def read_locks(client: LockClient, pattern: str, *, foreign: bool = True) -> list[LockRow]:
     """Every string key matching ``pattern`` as a row, sorted by key.
 
-    Each SCAN page is read with one pipeline (TIME, then GET and PTTL per key). Keys that
+    Each SCAN page is read with TIME and one pipeline (GET and PTTL per key). Keys that
     are not strings (the waiters' signal lists) are skipped, as are keys deleted meanwhile
     and, unless ``foreign``, values that are neither ours nor a classic timestamp.
     """
     rows: list[LockRow] = []
     for page in _scan(client, pattern):
+        # TIME on its own: Redis Cluster pipelines refuse keyless commands (there it is one
+        # node's clock, close enough for a listing).
+        seconds, micros = client.time()
+        now_ms = int(seconds) * 1000 + int(micros) // 1000
         pipe = client.pipeline(transaction=False)
-        pipe.time()
         for key in page:
             pipe.get(key)
             pipe.pttl(key)
         replies = pipe.execute(raise_on_error=False)
-        clock = replies[0]
-        if isinstance(clock, Exception):
-            raise clock
-        now_ms = int(clock[0]) * 1000 + int(clock[1]) // 1000
         for index, key in enumerate(page):
-            raw, ttl = replies[1 + 2 * index], replies[2 + 2 * index]
+            raw, ttl = replies[2 * index], replies[1 + 2 * index]
             if raw is None or isinstance(raw, redis.ResponseError):
                 continue  # gone since SCAN, or not a string (WRONGTYPE): not a lock
             if isinstance(raw, Exception):
@@ -378,7 +380,7 @@ def _companion(key: str) -> str | None:
         return None
 
 
-def _clear_given(client: redis.Redis, settings: Settings, keys: Sequence[str], yes: bool) -> None:
+def _clear_given(client: LockClient, settings: Settings, keys: Sequence[str], yes: bool) -> None:
     """Delete the named locks and their signal lists, after checking each is a lock.
 
     A key that is not a string (no lock is) and lies outside the prefix is refused, so a
@@ -423,7 +425,7 @@ def _clear_given(client: redis.Redis, settings: Settings, keys: Sequence[str], y
     click.echo(f"Cleared {_plural(cleared, 'lock')}.")
 
 
-def _clear_all(client: redis.Redis, settings: Settings, yes: bool) -> None:
+def _clear_all(client: LockClient, settings: Settings, yes: bool) -> None:
     """Delete every key under the prefix: locks and their signal lists."""
     pattern = prefix_pattern(settings.prefix)
     found = [_decode(key) for page in _scan(client, pattern) for key in page]

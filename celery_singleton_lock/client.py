@@ -13,11 +13,15 @@ from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
 import redis
+from redis.cluster import RedisCluster
 from redis.sentinel import Sentinel
 
-__all__ = ["client_from_url", "redis_for"]
+__all__ = ["LockClient", "client_from_url", "redis_for"]
 
-_cache: weakref.WeakKeyDictionary[Any, tuple[int, str, redis.Redis]] = weakref.WeakKeyDictionary()
+#: What the lock runs on: a single Redis (direct or through Sentinel) or a Redis Cluster.
+LockClient = redis.Redis | RedisCluster
+
+_cache: weakref.WeakKeyDictionary[Any, tuple[int, str, LockClient]] = weakref.WeakKeyDictionary()
 _guard = threading.Lock()
 
 # Generous enough for a loaded server, short enough that "Redis down" is noticed in seconds.
@@ -28,12 +32,20 @@ _CLIENT_OPTIONS: dict[str, Any] = {
 }
 
 
-def client_from_url(url: str, master_name: str | None = None) -> redis.Redis:
-    """A redis-py client for ``url``: redis://, rediss://, unix://, redis+socket:// or
+_CLUSTER_OPTIONS: dict[str, Any] = {"socket_connect_timeout": 5.0, "socket_keepalive": True}
+
+
+def client_from_url(url: str, master_name: str | None = None) -> LockClient:
+    """A redis-py client for ``url``: redis://, rediss://, unix://, redis+socket://,
+    redis+cluster:// or rediss+cluster:// (any node of a Redis Cluster), or
     sentinel://host:port[;sentinel://host2:port]/db (master name from ``master_name`` or
     the ``master_name`` query parameter)."""
     if url.startswith("redis+socket://"):
         url = "unix://" + url[len("redis+socket://") :]
+    for scheme in ("redis+cluster://", "rediss+cluster://"):
+        if url.startswith(scheme):
+            plain = scheme.replace("+cluster", "") + url[len(scheme) :]
+            return RedisCluster.from_url(plain, **_CLUSTER_OPTIONS)
     if not url.startswith("sentinel://"):
         return redis.Redis.from_url(url, **_CLIENT_OPTIONS)
     hosts: list[tuple[str, int]] = []
@@ -57,7 +69,7 @@ def client_from_url(url: str, master_name: str | None = None) -> redis.Redis:
     return master
 
 
-def redis_for(app: Any, url: str) -> redis.Redis:
+def redis_for(app: Any, url: str) -> LockClient:
     """The lock client of ``app`` in this process (rebuilt after fork or a URL change)."""
     pid = os.getpid()
     with _guard:

@@ -57,7 +57,15 @@ DEFAULT_TIMEOUT = 30.0
 DEFAULT_WAIT = 60.0
 DEFAULT_URL = "redis://localhost:6379/0"
 #: URL schemes the lock's Redis may use (and a broker URL must use to be borrowed).
-REDIS_URL_SCHEMES = ("redis", "rediss", "unix", "redis+socket", "sentinel")
+REDIS_URL_SCHEMES = (
+    "redis",
+    "rediss",
+    "unix",
+    "redis+socket",
+    "sentinel",
+    "redis+cluster",
+    "rediss+cluster",
+)
 #: Result-backend schemes that are borrowed as the lock's Redis.
 _BACKEND_SCHEMES = ("redis", "rediss")
 #: The per-task option names, as class attributes and in ``singleton_lock_tasks`` entries.

@@ -27,6 +27,7 @@ from types import TracebackType
 from typing import Any, ClassVar, TypeVar
 
 import redis
+from redis.cluster import RedisCluster
 from redis.commands.core import Script
 
 from celery_singleton_lock import _scripts
@@ -142,6 +143,8 @@ class RedisLock:
         self._generation = 0
         self._handed_off = False
         self._scripts = _Scripts.for_client(client) if scripting else None
+        # On Redis Cluster, TIME must go to the node that owns the lock's slot.
+        self._cluster = isinstance(client, RedisCluster)
 
     def __repr__(self) -> str:
         return f"<RedisLock {self.name!r} token={self.token[:8]}… fence={self.fencing_token}>"
@@ -283,7 +286,7 @@ class RedisLock:
                 self.fencing_token = self._refence(now_us)
                 return None
             self._step("after-setnx")
-            with self.client.pipeline() as pipe:
+            with self.client.pipeline(transaction=True) as pipe:
                 try:
                     pipe.watch(self.name)
                     raw = pipe.get(self.name)
@@ -324,15 +327,14 @@ class RedisLock:
         while we hold the lock is later than every earlier hold.
         """
         for _ in range(16):
-            with self.client.pipeline() as pipe:
+            with self.client.pipeline(transaction=True) as pipe:
                 try:
                     pipe.watch(self.name)
                     raw = pipe.get(self.name)
                     current = parse_value(raw) if raw is not None else None
                     if current is None or current.token != self.token:
                         return provisional  # already lost (only possible past the lease)
-                    seconds, micros = pipe.time()
-                    fence = max(int(seconds) * 1_000_000 + int(micros), provisional + 1)
+                    fence = max(self._server_time()[1], provisional + 1)
                     pipe.multi()
                     pipe.set(
                         self.name,
@@ -349,7 +351,7 @@ class RedisLock:
 
     def _restore(self, mine: str, theirs: bytes) -> None:
         """Undo a GETSET that overwrote a live holder's value, if nobody wrote since."""
-        with self.client.pipeline() as pipe:
+        with self.client.pipeline(transaction=True) as pipe:
             try:
                 pipe.watch(self.name)
                 if pipe.get(self.name) == mine.encode():
@@ -388,8 +390,11 @@ class RedisLock:
             time.sleep(seconds)  # the last stretch before a lease ends, timed here exactly
 
     def _socket_timeout(self) -> float | None:
-        pool = getattr(self.client, "connection_pool", None)
-        kwargs = getattr(pool, "connection_kwargs", {}) or {}
+        if self._cluster:  # RedisCluster keeps the node connection options itself
+            kwargs = self.client.get_connection_kwargs() or {}
+        else:
+            pool = getattr(self.client, "connection_pool", None)
+            kwargs = getattr(pool, "connection_kwargs", {}) or {}
         value = kwargs.get("socket_timeout")
         return float(value) if value else None
 
@@ -398,7 +403,7 @@ class RedisLock:
     def _release_plain(self) -> int:
         """Owner-checked DEL plus a wake-up, under WATCH/MULTI."""
         for _ in range(16):
-            with self.client.pipeline() as pipe:
+            with self.client.pipeline(transaction=True) as pipe:
                 try:
                     pipe.watch(self.name)
                     raw = pipe.get(self.name)
@@ -419,15 +424,14 @@ class RedisLock:
     def _extend_plain(self, lease_ms: int) -> int:
         """Owner-checked rewrite of the expiry, under WATCH/MULTI."""
         for _ in range(16):
-            with self.client.pipeline() as pipe:
+            with self.client.pipeline(transaction=True) as pipe:
                 try:
                     pipe.watch(self.name)
                     raw = pipe.get(self.name)
                     current = parse_value(raw) if raw is not None else None
                     if current is None or current.token != self.token:
                         return 0
-                    seconds, micros = pipe.time()
-                    expiry = int(seconds) * 1000 + int(micros) // 1000 + lease_ms
+                    expiry = self._server_time()[0] + lease_ms
                     value = format_value(expiry, True, self.token, current.fence or 0, current.info)
                     pipe.multi()
                     pipe.set(self.name, value, px=lease_ms + self._grace_ms(lease_ms))
@@ -466,25 +470,37 @@ class RedisLock:
     # -- helpers -----------------------------------------------------------------------------
 
     def _server_time(self) -> tuple[int, int]:
-        """Redis server time as (milliseconds, microseconds)."""
-        seconds, micros = self._call(self.client.time)
+        """Redis server time as (milliseconds, microseconds), from the node holding the key."""
+        if self._cluster:  # RedisCluster sends TIME to a default node, not the key's
+            node = self.client.get_node_from_key(self.name)
+            seconds, micros = self._call(self.client.time, target_nodes=node)
+        else:
+            seconds, micros = self._call(self.client.time)
         return int(seconds) * 1000 + int(micros) // 1000, int(seconds) * 1_000_000 + int(micros)
 
     def _inspect(self) -> tuple[int, LockValue | None, int | None]:
-        """Server time, the parsed value and the key's PTTL, in one round trip."""
-        pipe = self.client.pipeline(transaction=False)
-        pipe.time()
-        pipe.get(self.name)
-        pipe.pttl(self.name)
-        (seconds, micros), raw, ttl = self._call(pipe.execute)
-        now_ms = int(seconds) * 1000 + int(micros) // 1000
+        """Server time, the parsed value and the key's PTTL (one round trip off a cluster)."""
+        if self._cluster:
+            # Cluster pipelines refuse keyless commands: read the key's node clock first.
+            now_ms = self._server_time()[0]
+            pipe = self.client.pipeline(transaction=False)
+            pipe.get(self.name)
+            pipe.pttl(self.name)
+            raw, ttl = self._call(pipe.execute)
+        else:
+            pipe = self.client.pipeline(transaction=False)
+            pipe.time()
+            pipe.get(self.name)
+            pipe.pttl(self.name)
+            (seconds, micros), raw, ttl = self._call(pipe.execute)
+            now_ms = int(seconds) * 1000 + int(micros) // 1000
         return now_ms, (parse_value(raw) if raw is not None else None), int(ttl)
 
     def _call(self, func: Callable[..., _T], *args: Any, **kwargs: Any) -> _T:
         """Run one Redis call, turning redis-py errors into LockBackendError."""
         try:
             return func(*args, **kwargs)
-        except redis.RedisError as exc:
+        except (redis.RedisError, redis.exceptions.RedisClusterException) as exc:
             raise LockBackendError(f"Redis error: {exc}", self.name) from exc
 
 

@@ -3,12 +3,15 @@
 ``run_hammer`` starts real OS processes that each take the lock repeatedly around a
 deliberately non-atomic read-sleep-write; a correct lock gives zero overlaps and a counter
 equal to the number of critical sections. ``BrokenLock`` is the control that must fail.
+``client_factory`` (a picklable top-level callable ``url -> client``, default
+``redis.Redis.from_url``) lets the same harness run on e.g. ``RedisCluster.from_url``.
 """
 
 from __future__ import annotations
 
 import multiprocessing
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -37,8 +40,25 @@ class HammerResult:
     fences_increasing: bool
 
 
-def _worker(url: str, name: str, scripting: bool, iterations: int, broken: bool, out: Any) -> None:
-    client = redis.Redis.from_url(url)
+ClientFactory = Callable[[str], Any]
+
+
+def _worker(
+    url: str, name: str, scripting: bool, iterations: int, broken: bool, out: Any,
+    client_factory: ClientFactory | None = None,
+) -> None:  # fmt: skip
+    try:
+        _critical_sections(url, name, scripting, iterations, broken, out, client_factory)
+    except BaseException as exc:
+        out.put(f"{type(exc).__name__}: {exc}")  # the parent raises it instead of waiting
+        raise
+
+
+def _critical_sections(
+    url: str, name: str, scripting: bool, iterations: int, broken: bool, out: Any,
+    client_factory: ClientFactory | None,
+) -> None:  # fmt: skip
+    client = (client_factory or redis.Redis.from_url)(url)
     cls = BrokenLock if broken else RedisLock
     lock = cls(client, name, timeout=10, scripting=scripting, fallback_poll=0.5)
     overlaps = 0
@@ -60,24 +80,37 @@ def _worker(url: str, name: str, scripting: bool, iterations: int, broken: bool,
 
 def run_hammer(
     url: str, name: str, *, scripting: bool, processes: int = 8, iterations: int = 25,
-    broken: bool = False,
+    broken: bool = False, client_factory: ClientFactory | None = None,
 ) -> HammerResult:  # fmt: skip
-    """Run ``processes`` × ``iterations`` critical sections; every wait bounded."""
+    """Run ``processes`` × ``iterations`` critical sections; every wait bounded.
+
+    A worker that fails makes this raise RuntimeError with the worker's error."""
     ctx = multiprocessing.get_context("fork")
     out = ctx.Queue()
     procs = [
-        ctx.Process(target=_worker, args=(url, name, scripting, iterations, broken, out))
+        ctx.Process(
+            target=_worker, args=(url, name, scripting, iterations, broken, out, client_factory)
+        )
         for _ in range(processes)
     ]
     for proc in procs:
         proc.start()
-    results = [out.get(timeout=120) for _ in procs]
-    for proc in procs:
-        proc.join(timeout=30)
-        if proc.is_alive():
-            proc.kill()
-            proc.join(timeout=5)
-    client = redis.Redis.from_url(url)
+    finished = False
+    try:
+        results: list[tuple[int, list[tuple[int, int]]]] = []
+        for _ in procs:
+            item = out.get(timeout=120)
+            if isinstance(item, str):
+                raise RuntimeError(f"hammer worker failed: {item}")
+            results.append(item)
+        finished = True
+    finally:
+        for proc in procs:
+            proc.join(timeout=30 if finished else 0.5)  # after a failure: stop the rest now
+            if proc.is_alive():
+                proc.kill()
+                proc.join(timeout=5)
+    client = (client_factory or redis.Redis.from_url)(url)
     counter = int(client.get(f"{name}:counter") or 0)
     client.close()
     pairs = sorted(pair for _, fences in results for pair in fences)

@@ -1,0 +1,1 @@
+"""Tests against real deployments: Redis Cluster, ACL users, TLS and Sentinel."""
