@@ -13,22 +13,20 @@ that notices a crashed holder's lease running out. This module imports nothing f
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import math
 import os
 import socket
-import threading
 import time
 import uuid
-import weakref
 from collections.abc import Callable
 from types import TracebackType
-from typing import Any, ClassVar, TypeVar
+from typing import Any, TypeVar
 
 import redis
 from redis.cluster import RedisCluster
-from redis.commands.core import Script
 
 from celery_singleton_lock import _scripts
 from celery_singleton_lock._renewer import renewer
@@ -74,25 +72,28 @@ def _lease_ms(value: object, what: str) -> int:
     return max(1, round(value * 1000))
 
 
-class _Scripts:
-    """The three protocol scripts, registered once per Redis client."""
+class _Script:
+    """One protocol script: EVALSHA with pre-encoded arguments, loaded on NOSCRIPT.
 
-    _cache: ClassVar[weakref.WeakKeyDictionary[Any, _Scripts]] = weakref.WeakKeyDictionary()
-    _guard: ClassVar[threading.Lock] = threading.Lock()
+    Calling ``execute_command`` directly (rather than redis-py's ``Script`` wrapper) keeps
+    the hot path to one packing of already-encoded bytes.
+    """
 
-    def __init__(self, client: Any) -> None:
-        self.acquire: Script = client.register_script(_scripts.ACQUIRE)
-        self.release: Script = client.register_script(_scripts.RELEASE)
-        self.extend: Script = client.register_script(_scripts.EXTEND)
+    def __init__(self, source: str) -> None:
+        self.source = source
+        self.sha = hashlib.sha1(source.encode()).hexdigest()  # noqa: S324 - Redis names scripts by SHA1
 
-    @classmethod
-    def for_client(cls, client: Any) -> _Scripts:
-        """The scripts bound to ``client`` (created on first use)."""
-        with cls._guard:
-            found = cls._cache.get(client)
-            if found is None:
-                found = cls._cache[client] = cls(client)
-            return found
+    def __call__(self, client: Any, numkeys: int, *args: bytes | int | str) -> Any:
+        try:
+            return client.execute_command("EVALSHA", self.sha, numkeys, *args)
+        except redis.exceptions.NoScriptError:
+            client.script_load(self.source)  # a restarted or failed-over server
+            return client.execute_command("EVALSHA", self.sha, numkeys, *args)
+
+
+_ACQUIRE = _Script(_scripts.ACQUIRE)
+_RELEASE = _Script(_scripts.RELEASE)
+_EXTEND = _Script(_scripts.EXTEND)
 
 
 class RedisLock:
@@ -142,7 +143,11 @@ class RedisLock:
         self._expires_at = 0.0  # local monotonic estimate of the lease end, for the renewer
         self._generation = 0
         self._handed_off = False
-        self._scripts = _Scripts.for_client(client) if scripting else None
+        # Arguments that never change for this lock, encoded once for the scripts.
+        self._name_b = name.encode()
+        self._token_b = self.token.encode()
+        self._info_b = self.holder_info.encode()
+        self._signal_b = self.signal_key.encode()
         # On Redis Cluster, TIME must go to the node that owns the lock's slot.
         self._cluster = isinstance(client, RedisCluster)
 
@@ -184,12 +189,11 @@ class RedisLock:
         """Release the lock; LockNotOwned if this instance no longer holds it."""
         self._stop_renewing()
         self.fencing_token = None
-        if self._scripts is not None:
+        if self.scripting:
             result = self._call(
-                self._scripts.release,
-                keys=[self.name, self.signal_key],
-                args=[self.token, _SIGNAL_TTL_MS],
-            )
+                _RELEASE, self.client, 2, self._name_b, self._signal_b, self._token_b,
+                _SIGNAL_TTL_MS,
+            )  # fmt: skip
         else:
             result = self._release_plain()
         if not result:
@@ -200,12 +204,11 @@ class RedisLock:
         """Set the lease end to server now + ``timeout`` (default: the lease); owner only."""
         lease_ms = self._lease_ms if timeout is None else _lease_ms(timeout, "timeout")
         started = time.monotonic()
-        if self._scripts is not None:
+        if self.scripting:
             expiry = self._call(
-                self._scripts.extend,
-                keys=[self.name],
-                args=[self.token, lease_ms, self._grace_ms(lease_ms)],
-            )
+                _EXTEND, self.client, 1, self._name_b, self._token_b, lease_ms,
+                self._grace_ms(lease_ms),
+            )  # fmt: skip
         else:
             expiry = self._extend_plain(lease_ms)
         if not expiry:
@@ -258,19 +261,12 @@ class RedisLock:
 
     def _attempt(self, waited: bool) -> int | None:
         """One try: None when acquired, else ms until the current holder's lease ends."""
-        if self._scripts is None:
+        if not self.scripting:
             return self._attempt_plain(waited)
         result = self._call(
-            self._scripts.acquire,
-            keys=[self.name],
-            args=[
-                self.token,
-                self._lease_ms,
-                self._grace_ms(self._lease_ms),
-                "1" if waited else "0",
-                self.holder_info,
-            ],
-        )
+            _ACQUIRE, self.client, 1, self._name_b, self._token_b, self._lease_ms,
+            self._grace_ms(self._lease_ms), b"1" if waited else b"0", self._info_b,
+        )  # fmt: skip
         if int(result[0]) == 1:
             self.fencing_token = int(result[1])
             return None

@@ -151,3 +151,15 @@ def test_client_clock_an_hour_off_cannot_break_exclusion(
     assert skewed.owned()
     with pytest.raises(LockNotOwned):
         holder.release()
+
+
+def test_scripts_reload_after_script_flush(make_lock: Any, client: redis.Redis) -> None:
+    """A server that forgot our scripts (restart, failover, SCRIPT FLUSH) gets them again."""
+    lock = make_lock()
+    assert lock.acquire()
+    client.script_flush()
+    lock.extend()
+    lock.release()
+    client.script_flush()
+    assert lock.acquire(blocking=False)
+    lock.release()
