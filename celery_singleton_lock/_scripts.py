@@ -43,7 +43,9 @@ ACQUIRE = (
     + """
 -- KEYS[1] lock key
 -- ARGV[1] owner token, ARGV[2] lease ms, ARGV[3] key TTL beyond the lease (ms),
--- ARGV[4] flag to write ('1' if this client has been waiting), ARGV[5] holder info
+-- ARGV[4] '1' if this client has been waiting (written as the flag), '0' if not, 'x' for a
+--         non-blocking try (flag '0', and a failure does not ask for a wake-up)
+-- ARGV[5] holder info
 -- returns {1, fencing token, expiry ms} when acquired,
 --         {0, ms until the holder's lease ends (>= 1)} when held by someone else
 local t = redis.call('TIME')
@@ -51,8 +53,9 @@ local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local lease = tonumber(ARGV[2])
 local fence = tonumber(t[1]) * 1000000 + tonumber(t[2])
 local expiry = now + lease
+local flag = ARGV[4] == 'x' and '0' or ARGV[4]
 local function value(f)
-  return string.format('%.0f', expiry) .. ':' .. ARGV[4] .. ':' .. ARGV[1] .. ':'
+  return string.format('%.0f', expiry) .. ':' .. flag .. ':' .. ARGV[1] .. ':'
     .. string.format('%.0f', f) .. ':' .. ARGV[5]
 end
 if redis.call('SET', KEYS[1], value(fence), 'NX', 'PX', lease + tonumber(ARGV[3])) then
@@ -67,7 +70,7 @@ if current then
     local ttl = redis.call('PTTL', KEYS[1])
     if ttl > 0 then return {0, ttl} end
   elseif held_until > now then
-    if flag_at and string.sub(current, flag_at + 1, flag_at + 1) == '0' then
+    if flag_at and ARGV[4] ~= 'x' and string.sub(current, flag_at + 1, flag_at + 1) == '0' then
       redis.call('SETRANGE', KEYS[1], flag_at, '1')
     end
     return {0, held_until - now}

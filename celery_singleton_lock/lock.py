@@ -172,7 +172,7 @@ class RedisLock:
         self._handed_off = False
         while True:
             started = time.monotonic()
-            held_for_ms = self._attempt(waited)
+            held_for_ms = self._attempt(b"1" if waited else b"0" if blocking else b"x")
             if held_for_ms is None:
                 self._on_acquired(started)
                 return True
@@ -259,20 +259,24 @@ class RedisLock:
         """How long the key outlives its lease, so abandoned keys vanish on their own."""
         return 1000 + lease_ms // 10
 
-    def _attempt(self, waited: bool) -> int | None:
-        """One try: None when acquired, else ms until the current holder's lease ends."""
+    def _attempt(self, mode: bytes) -> int | None:
+        """One try: None when acquired, else ms until the current holder's lease ends.
+
+        ``mode``: b"1" after waiting, b"0" for a first blocking try, b"x" for a
+        non-blocking try (which asks nobody to wake it).
+        """
         if not self.scripting:
-            return self._attempt_plain(waited)
+            return self._attempt_plain()
         result = self._call(
             _ACQUIRE, self.client, 1, self._name_b, self._token_b, self._lease_ms,
-            self._grace_ms(self._lease_ms), b"1" if waited else b"0", self._info_b,
+            self._grace_ms(self._lease_ms), mode, self._info_b,
         )  # fmt: skip
         if int(result[0]) == 1:
             self.fencing_token = int(result[1])
             return None
         return max(1, int(result[1]))
 
-    def _attempt_plain(self, waited: bool) -> int | None:
+    def _attempt_plain(self) -> int | None:
         """The classic protocol with plain commands; every nil case handled."""
         grace = self._grace_ms(self._lease_ms)
         for _ in range(8):

@@ -155,7 +155,7 @@ def locked_call(task: AnyTask, args: tuple[Any, ...], kwargs: dict[str, Any], ca
             return task.run(*args, **kwargs)
         log.error("singleton lock unavailable for %s[%s]: %s; retrying", task.name, request.id, exc)
         raise task.retry(exc=exc, countdown=_jitter(min(5.0, options.timeout))) from exc
-    if not acquired:
+    if not acquired and not _reclaim_from_dead_delivery(task, lock):
         return _on_conflict(task, lock, key, options)
     with _held_guard:
         _held[task_id] = (lock, options)
@@ -170,10 +170,48 @@ def _jitter(seconds: float) -> float:
     return seconds * (1 + random.uniform(0, 0.25))
 
 
+def _process_gone(pid: object) -> bool:
+    """Whether ``pid`` names no live process on this host."""
+    if not isinstance(pid, int) or pid <= 0:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    except PermissionError:
+        return False
+    return False
+
+
+def _reclaim_from_dead_delivery(task: AnyTask, lock: RedisLock) -> bool:
+    """Take the lock over from an earlier delivery of this very message whose process died
+    holding it (acks_late + reject_on_worker_lost requeues without any failure signal):
+    only when the holder is this task id, on this host, in a process that no longer exists."""
+    holder = lock.holder()
+    if holder is None or holder.task_id != task.request.id or holder.token is None:
+        return False
+    if holder.info.get("host") != _HOST or not _process_gone(holder.info.get("pid")):
+        return False
+    dead = RedisLock(lock.client, lock.name, token=holder.token, scripting=lock.scripting)
+    try:
+        dead.release()
+    except LockNotOwned:
+        return False
+    log.warning(
+        "%s[%s]: took over the lock its dead earlier delivery held", task.name, task.request.id
+    )
+    return lock.acquire(blocking=False)
+
+
 def _on_conflict(task: AnyTask, lock: RedisLock, key: str, options: LockOptions) -> Any:
     """Apply the conflict policy when another run holds ``key``."""
     holder = lock.holder()
     holder_id = holder.task_id if holder else None
+    if holder is not None and holder_id == task.request.id:
+        # An earlier delivery of this same message still holds it (alive elsewhere, or not
+        # provably dead): skipping would drop the work, so come back when its lease ends.
+        left = (holder.remaining_ms or 1000) / 1000
+        raise task.retry(exc=TaskLocked(key, holder_id), countdown=_jitter(max(left, 0.5)))
     if options.on_conflict == "skip":
         log.info("%s[%s] skipped: %s is held by %s", task.name, task.request.id, key, holder_id)
         return None

@@ -128,3 +128,21 @@ def test_auto_renew_reports_a_lost_lease(make_lock: Any, client: redis.Redis, ke
     while not holder.lease_lost and time.monotonic() < deadline:
         time.sleep(0.05)
     assert holder.lease_lost
+
+
+def test_non_blocking_try_does_not_ask_for_a_wake_up(
+    make_lock: Any, client: redis.Redis, key: str, scripting: bool
+) -> None:
+    """A failed acquire(blocking=False) leaves no waiter flag, so the release sends no
+    wake-up; a blocking waiter does set it (scripted mode keeps that flag in the value)."""
+    holder = make_lock(timeout=30)
+    assert holder.acquire()
+    assert not make_lock().acquire(blocking=False)
+    if scripting:
+        assert client.get(key).split(b":")[1] == b"0"
+    holder.release()
+    assert client.llen(holder.signal_key) == (0 if scripting else 1)
+    assert holder.acquire()
+    assert not make_lock().acquire(timeout=0.2)
+    if scripting:
+        assert client.get(key).split(b":")[1] == b"1"

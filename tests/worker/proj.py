@@ -167,6 +167,17 @@ def hard_limit(name: str) -> str:
     return "never"
 
 
+@app.task(base=LockedTask, bind=True, acks_late=True, reject_on_worker_lost=True, lock_timeout=30.0)
+def redelivered(self: Any, name: str) -> str:
+    """acks_late + reject_on_worker_lost: a killed child's message comes back; the first
+    delivery hangs (to be killed), the redelivery must run, not skip on its own dead lock."""
+    r = data()
+    r.rpush(f"events:{name}", f"start {time.time():.6f} {os.getpid()}")
+    if r.incr(f"deliveries:{name}") == 1:
+        time.sleep(60)
+    return "ran"
+
+
 @app.task
 def plain_job(x: str, seconds: float = 1.0) -> str:
     """A task that does not use LockedTask; locked only through singleton_lock_tasks."""

@@ -145,3 +145,18 @@ def test_warm_shutdown_releases_as_the_task_ends(
     worker.process.wait(timeout=30)
     assert result.get(timeout=10) == "ran"
     assert not _lock_keys(data, "skippy")
+
+
+def test_redelivery_after_a_killed_child_runs_instead_of_skipping(
+    proj: ModuleType, data: redis.Redis, workers: Any
+) -> None:
+    """With acks_late and reject_on_worker_lost, the message of a SIGKILLed child is
+    delivered again; the redelivery takes over its dead predecessor's 30 s lock and runs
+    (it must not end as a 'skipped' success that silently drops the work)."""
+    worker = workers(concurrency=1)
+    result = proj.redelivered.delay("rd")
+    assert wait_for(lambda: data.llen("events:rd") >= 1, timeout=20)
+    for pid in worker.children():
+        os.kill(pid, signal.SIGKILL)
+    assert result.get(timeout=20) == "ran"
+    assert int(data.get("deliveries:rd")) == 2

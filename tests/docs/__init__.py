@@ -1,0 +1,1 @@
+"""The documentation's code examples, executed."""

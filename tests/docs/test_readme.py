@@ -1,0 +1,262 @@
+"""Every ```python block of README.md and docs/design.md runs, against a private Redis.
+
+Blocks are self-contained: each runs in a fresh namespace with ``REDIS_URL`` pointing at
+the session's private redis-server (the examples read it with
+``os.environ.get("REDIS_URL", ...)``). A block preceded by ``<!-- not-run -->`` (a Django
+settings fragment, say) is not collected at all. Celery blocks use ``task_always_eager``
+or only define tasks; no worker is started here.
+"""
+
+from __future__ import annotations
+
+import re
+import sqlite3
+import sys
+import types
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+import redis
+from celery._state import _set_current_app, get_current_app
+
+from celery_singleton_lock.config import Settings
+from celery_singleton_lock.keys import task_lock_key
+from celery_singleton_lock.testing import RedisServer
+
+ROOT = Path(__file__).resolve().parents[2]
+DOCUMENTS = ("README.md", "docs/design.md")
+NOT_RUN = "<!-- not-run -->"
+#: The README has this many runnable blocks at least; fewer means the extractor broke.
+MIN_README_BLOCKS = 9
+
+_OPEN = re.compile(r"^\s*```\s*(\w[\w+-]*)?\s*$")
+_CLOSE = re.compile(r"^\s*```\s*$")
+# The only way a runnable block may name a Redis URL: as the fallback of REDIS_URL.
+_URL_FROM_ENV = re.compile(r"""os\.environ\.get\(\s*"REDIS_URL",\s*"[^"]*"\s*\)""")
+
+
+@dataclass(frozen=True)
+class Block:
+    """One fenced code block of a markdown document."""
+
+    path: str
+    line: int  # 1-based line number of the block's first code line
+    language: str
+    code: str
+    not_run: bool
+
+    @property
+    def id(self) -> str:
+        return f"{self.path}:{self.line}"
+
+
+def fenced_blocks(text: str, path: str) -> list[Block]:
+    """Every fenced block of ``text``, with its language and whether it is marked not-run."""
+    lines = text.splitlines()
+    blocks: list[Block] = []
+    index = 0
+    while index < len(lines):
+        opened = _OPEN.match(lines[index])
+        if not opened:
+            index += 1
+            continue
+        end = index + 1
+        while end < len(lines) and not _CLOSE.match(lines[end]):
+            end += 1
+        if end == len(lines):
+            raise ValueError(f"{path}:{index + 1}: code fence never closed")
+        previous = next((line.strip() for line in reversed(lines[:index]) if line.strip()), "")
+        blocks.append(
+            Block(
+                path=path,
+                line=index + 2,
+                language=opened.group(1) or "",
+                code="\n".join(lines[index + 1 : end]) + "\n",
+                not_run=previous == NOT_RUN,
+            )
+        )
+        index = end + 1
+    return blocks
+
+
+def runnable_blocks(text: str, path: str) -> list[Block]:
+    """The ```python blocks of ``text`` that are not marked not-run."""
+    return [
+        block
+        for block in fenced_blocks(text, path)
+        if block.language == "python" and not block.not_run
+    ]
+
+
+def _documents() -> Iterator[tuple[str, str]]:
+    for name in DOCUMENTS:
+        path = ROOT / name
+        if path.exists():
+            yield name, path.read_text(encoding="utf-8")
+
+
+ALL_BLOCKS = [block for name, text in _documents() for block in fenced_blocks(text, name)]
+RUNNABLE = [block for name, text in _documents() for block in runnable_blocks(text, name)]
+
+
+def run_block(block: Block) -> dict[str, Any]:
+    """Execute ``block`` as a fresh module of its own (as if pasted into a file), without
+    this file's ``__future__`` imports; tracebacks point at the document's lines."""
+    module = types.ModuleType(f"docs_{Path(block.path).stem}_{block.line}")
+    module.__file__ = str(ROOT / block.path)
+    source = "\n" * (block.line - 1) + block.code
+    code = compile(source, module.__file__, "exec", dont_inherit=True)
+    previous_app = get_current_app()
+    sys.modules[module.__name__] = module
+    try:
+        exec(code, module.__dict__)  # noqa: S102 - running the documentation is the point
+    finally:
+        del sys.modules[module.__name__]
+        _set_current_app(previous_app)
+        for value in module.__dict__.values():
+            if isinstance(value, (redis.Redis, sqlite3.Connection)):
+                value.close()
+    return module.__dict__
+
+
+@pytest.fixture
+def redis_url(redis_server: RedisServer, monkeypatch: pytest.MonkeyPatch) -> str:
+    """REDIS_URL set to the session's private server, and no broker URL from outside."""
+    monkeypatch.setenv("REDIS_URL", redis_server.url)
+    monkeypatch.delenv("CELERY_BROKER_URL", raising=False)
+    monkeypatch.delenv("CELERY_RESULT_BACKEND", raising=False)
+    return redis_server.url
+
+
+@pytest.mark.parametrize("block", RUNNABLE, ids=[block.id for block in RUNNABLE])
+def test_block_runs(block: Block, redis_url: str) -> None:
+    """The documented example runs to the end without raising."""
+    run_block(block)
+
+
+def test_enough_readme_blocks_are_collected() -> None:
+    """The extractor finds the README's examples (a broken fence would silently drop them)."""
+    readme = [block for block in RUNNABLE if block.path == "README.md"]
+    assert len(readme) >= MIN_README_BLOCKS, [block.id for block in readme]
+
+
+def test_runnable_blocks_take_redis_from_the_environment() -> None:
+    """No runnable block can reach a Redis other than the test's: any URL it names is the
+    fallback of ``os.environ.get("REDIS_URL", ...)``."""
+    for block in RUNNABLE:
+        rest = _URL_FROM_ENV.sub("", block.code)
+        assert not re.search(r"\b(rediss?|unix|sentinel)://", rest), block.id
+
+
+def test_not_run_markers_sit_on_python_blocks() -> None:
+    """Every not-run marker is followed by a python block, and there are only a few."""
+    for name, text in _documents():
+        marked = [block for block in fenced_blocks(text, name) if block.not_run]
+        assert text.count(NOT_RUN) == len(marked), name
+        assert all(block.language == "python" for block in marked), name
+    assert sum(block.not_run for block in ALL_BLOCKS) <= 3
+
+
+def test_extractor_skips_only_the_marked_block() -> None:
+    """A marker hides exactly the next block; other languages are not run; lines are 1-based."""
+    text = "\n".join(
+        [
+            "# Title",  # 1
+            "```python",  # 2
+            "a = 1",  # 3
+            "```",  # 4
+            NOT_RUN,  # 5
+            "",  # 6
+            "```python",  # 7
+            "raise SystemExit",  # 8
+            "```",  # 9
+            "```sh",  # 10
+            "make test",  # 11
+            "```",  # 12
+            "```python",  # 13
+            "b = 2",  # 14
+            "```",  # 15
+        ]
+    )
+    blocks = runnable_blocks(text, "x.md")
+    assert [(block.line, block.code) for block in blocks] == [(3, "a = 1\n"), (14, "b = 2\n")]
+    with pytest.raises(ValueError, match="never closed"):
+        fenced_blocks("```python\nx = 1\n", "y.md")
+
+
+def test_the_all_settings_block_spells_out_the_defaults(redis_url: str) -> None:
+    """The README block that sets every setting "to its default" configures exactly the
+    defaults the code has."""
+    (block,) = [
+        block
+        for block in RUNNABLE
+        if block.path == "README.md" and "singleton_lock_scripting=" in block.code
+    ]
+    app = run_block(block)["app"]
+    documented = Settings.from_conf(app.conf)
+    defaults = Settings()
+    for name in (
+        "prefix",
+        "timeout",
+        "on_conflict",
+        "scope",
+        "renew",
+        "wait",
+        "retry_delay",
+        "fail_open",
+        "scripting",
+    ):
+        assert getattr(documented, name) == getattr(defaults, name), name
+
+
+def test_the_readme_key_example_is_a_real_key() -> None:
+    """The key the README shows for ``shop.buy("sku-42", 7)`` with ``lock_keys=["sku"]`` is
+    the one a worker computes."""
+
+    def buy(sku: str, user_id: int) -> None:
+        """Stands for the README's task: only the signature matters for the key."""
+
+    key = task_lock_key("csl", "shop.buy", buy, ("sku-42", 7), {}, ("sku",))
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    assert key == "csl:shop.buy:{18ef3d004ccaa6e1d7486f6476c68e85}"
+    assert readme.count(key) >= 3
+
+
+def _slug(heading: str) -> str:
+    """GitHub's anchor for a heading: lower case, punctuation dropped, spaces to hyphens."""
+    text = heading.strip().lower().replace("`", "")
+    return "".join(ch for ch in text if ch.isalnum() or ch in " -_").replace(" ", "-")
+
+
+def test_links_resolve() -> None:
+    """Every in-page anchor names a heading, and every relative link names a file that
+    exists, in README.md and docs/design.md."""
+    for name, text in _documents():
+        outside_code = re.sub(r"```.*?```", "", text, flags=re.DOTALL)
+        anchors = {
+            _slug(line.lstrip("#")) for line in outside_code.splitlines() if line.startswith("#")
+        }
+        for target in re.findall(r"\]\(([^)\s]+)\)", outside_code):
+            if target.startswith(("http://", "https://", "mailto:")):
+                continue
+            path, _, anchor = target.partition("#")
+            if not path:
+                assert anchor in anchors, f"{name}: #{anchor}"
+            else:
+                assert (ROOT / name).parent.joinpath(path).exists(), f"{name}: {path}"
+
+
+def test_readme_benchmark_figures_are_quoted_from_docs_benchmarks() -> None:
+    """Every figure of the README's measured-figures table appears in docs/benchmarks.md,
+    so a re-run of the benchmarks that changes the page shows up here."""
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    page = (ROOT / "docs" / "benchmarks.md").read_text(encoding="utf-8")
+    rows = [line for line in readme.splitlines() if re.match(r"\| [ABCD]\. ", line)]
+    assert len(rows) >= 8
+    for row in rows:
+        for cell in row.strip("|").split("|")[1:]:
+            for figure in re.findall(r"\d[\d,]*(?:\.\d+)?", cell):
+                assert figure in page, f"{figure} ({row.split('|')[1].strip()})"
