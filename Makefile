@@ -1,5 +1,5 @@
 # One command per job. Each target sets itself up first (scripts/bootstrap.sh).
-.PHONY: test lint types demo bench check
+.PHONY: test lint types demo bench
 
 VENV := .venv/bin
 
@@ -25,3 +25,4 @@ demo:  ## the flash-sale demo (REDIS_URL to use your Redis; else a private one i
 bench:  ## benchmarks against the libraries users would pick instead
 	@scripts/bootstrap.sh test,dev,bench
 	$(VENV)/python -m benchmarks.bench_lock
+	$(VENV)/python -m benchmarks.bench_celery

@@ -29,6 +29,9 @@ class Renewable(Protocol):
         """Extend the lease if ``generation`` is still current; the delay until the next
         renewal, or None to stop renewing."""
 
+    def _renewing(self, generation: int) -> bool:
+        """Whether the hold that scheduled ``generation`` is still being renewed."""
+
 
 _Entry = tuple[float, int, "weakref.ref[Renewable]", int]
 
@@ -42,6 +45,7 @@ class _Renewer:
         self._seq = itertools.count()
         self._thread: threading.Thread | None = None
         self._pid = -1
+        self._sleeping_until = float("inf")  # what the thread's current wait is aiming at
 
     def schedule(self, lock: Renewable, delay: float, generation: int) -> None:
         """Renew ``lock`` after ``delay`` seconds, for as long as ``generation`` is current."""
@@ -57,8 +61,8 @@ class _Renewer:
                     target=self._run, name="csl-lock-renewer", daemon=True
                 )
                 self._thread.start()
-            elif self._heap[0][0] == due:
-                self._cond.notify()
+            elif due < self._sleeping_until:
+                self._cond.notify()  # sooner than what the thread sleeps towards
 
     def _next(self) -> _Entry:
         with self._cond:
@@ -66,10 +70,19 @@ class _Renewer:
                 if self._heap:
                     wait = self._heap[0][0] - time.monotonic()
                     if wait <= 0:
-                        return heapq.heappop(self._heap)
+                        # Something is due: first sweep out every entry whose hold already
+                        # ended, so short holds cost this thread nothing but this sweep.
+                        self._heap = [entry for entry in self._heap if not _dead(entry)]
+                        heapq.heapify(self._heap)
+                        if self._heap and self._heap[0][0] <= time.monotonic():
+                            return heapq.heappop(self._heap)
+                        continue
+                    self._sleeping_until = self._heap[0][0]
                     self._cond.wait(wait)
                 else:
+                    self._sleeping_until = float("inf")
                     self._cond.wait()
+                self._sleeping_until = float("-inf")  # awake: nobody needs to notify
 
     def _run(self) -> None:
         while True:
@@ -85,6 +98,11 @@ class _Renewer:
             if delay is not None:
                 self.schedule(lock, delay, generation)
             del lock
+
+
+def _dead(entry: _Entry) -> bool:
+    lock = entry[2]()
+    return lock is None or not lock._renewing(entry[3])
 
 
 renewer = _Renewer()

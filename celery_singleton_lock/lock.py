@@ -464,6 +464,9 @@ class RedisLock:
             return min(max(left / 4, 0.05), self.timeout / 3)
         return self.timeout / 3
 
+    def _renewing(self, generation: int) -> bool:
+        return generation == self._generation and self.auto_renew
+
     def _stop_renewing(self) -> None:
         self._generation += 1
 

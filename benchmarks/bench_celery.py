@@ -1,0 +1,803 @@
+"""Celery task benchmark: drain throughput of trivial locked tasks on a real worker.
+
+Run ``python -m benchmarks.bench_celery [--quick] [--runs N] [--tasks 2000]``.
+
+Contenders (tasks of ``benchmarks.celery_app``): a plain ``Task``; ``LockedTask`` in run
+scope and in queue scope; celery-singleton's ``Singleton``; celery-once's ``QueueOnce``;
+and ``LockedTask`` run scope with a 3 s lease, whose lease renewer reaches within the drain
+the steady state that a long-running worker with the default 30 s lease reaches after 10 s.
+
+Two private redis-servers on free loopback ports: the broker and the lock server (nothing
+else touches it). For each run and contender:
+
+1. the lock server is emptied and its ``INFO commandstats`` reset;
+2. the producer (this process) publishes ``--tasks`` tasks with distinct arguments
+   (``t.delay(i)``) while no worker runs: the publish rate, and the lock commands a
+   publish costs, are measured alone;
+3. a fresh ``celery worker`` (prefork, concurrency 2, default prefetch, no gossip, mingle
+   or heartbeat, log level WARNING) is started on the full queue; drain time runs from the
+   first task start (``task_prerun``) to the last task end (``task_postrun``, after every
+   contender's lock release), as the pool processes record them in memory-mapped files
+   (no round trip per task is added to what the locks are compared with);
+4. the worker is stopped by its process group and the lock commands of the drain read.
+
+Publishing before the worker starts keeps producer and worker from competing for CPU and
+means the worker never waits for a slower producer (the lock-at-publish contenders publish
+more slowly), so every contender's drain starts from the same full queue. Contenders run in
+a rotated order on each run; ratios to plain are ratios of the medians.
+
+``INFO commandstats`` counts the commands a Lua script runs as well as the EVALSHA that
+ran it, so it gives commands *including* in-script ones. Round trips (top-level commands)
+are counted in a separate, untimed audit pass per contender under ``MONITOR``, which
+labels script-internal commands ``lua``; ECHO markers split publish from drain. There,
+connection setup (``HELLO``, ``CLIENT SETINFO``, health-check ``PING``, ``SCRIPT LOAD``) is
+listed apart with its count, not divided by tasks.
+
+Wall-clock rates on a shared machine are noisy, so CPU time is reported too: user + system
+seconds from ``/proc`` of the worker's main process (from ``worker_ready`` on), its pool
+processes (and, apart, their non-main threads, such as a lock renewer), both servers and
+the producer, per task. On a small machine the worker's main process (consuming, acking,
+feeding the pool) is the bottleneck, so drain rates understate what the locks cost in the
+pool processes and servers; the CPU table shows it.
+
+Results are printed as a markdown table (medians over runs); nothing is asserted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import importlib
+import importlib.metadata
+import json
+import os
+import platform
+import re
+import shlex
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import uuid
+from collections import Counter
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import redis
+
+from celery_singleton_lock.testing import RedisServer, find_redis_server
+
+ROOT = Path(__file__).resolve().parents[1]
+APP_MODULE = "benchmarks.celery_app"
+Result = dict[str, Any]
+
+#: (id, label) in table order; ids are keys of ``celery_app.TASKS``.
+CONTENDERS: tuple[tuple[str, str], ...] = (
+    ("plain", "plain `Task`"),
+    ("csl-run", "`LockedTask` run scope (ours)"),
+    ("csl-queue", "`LockedTask` queue scope (ours)"),
+    ("csl-run-3s", "`LockedTask` run scope, `lock_timeout=3` (ours, renewer in steady state)"),
+    ("celery-singleton", "celery-singleton `Singleton`"),
+    ("celery-once", "celery-once `QueueOnce`"),
+)
+LABELS = dict(CONTENDERS)
+#: Commands our own admin connection sends; never counted.
+OWN_COMMANDS = frozenset({"info", "config", "flushall", "echo"})
+#: Per-connection (not per-task) commands: reported apart from per-task counts.
+SETUP_COMMANDS = frozenset({"client", "hello", "auth", "select", "script", "ping"})
+MARK = "csl-bench-mark:"
+
+
+def now_ns() -> int:
+    """System-wide monotonic clock, the one the tasks stamp with."""
+    return time.clock_gettime_ns(time.CLOCK_MONOTONIC)
+
+
+@dataclass(frozen=True)
+class Params:
+    """Sizes and bounds for one invocation."""
+
+    runs: int
+    tasks: int
+    warmup_tasks: int
+    audit_tasks: int
+    concurrency: int = 2
+    ready_timeout: float = 30.0
+    stall_timeout: float = 20.0
+
+
+# --- commandstats ------------------------------------------------------------------------
+
+
+def command_calls(admin: redis.Redis) -> Counter[str]:
+    """Calls per command (sub-commands as ``client|setinfo``) since the last
+    ``CONFIG RESETSTAT``, minus our own admin commands; includes commands run by scripts."""
+    calls: Counter[str] = Counter()
+    for key, value in admin.info("commandstats").items():
+        name = key.removeprefix("cmdstat_")
+        if name.split("|", 1)[0] in OWN_COMMANDS:
+            continue
+        calls[name] = int(value["calls"]) + int(value.get("rejected_calls", 0))
+    return calls
+
+
+def per_task(calls: Counter[str], tasks: int) -> float:
+    """Commands per task, every command counted (connection setup too: a handful per run)."""
+    return sum(calls.values()) / tasks
+
+
+# --- MONITOR audit -----------------------------------------------------------------------
+
+_LINE = re.compile(rb'^\+?[\d.]+ \[\d+ ([^\]]+)\] "([^"]*)"(?: "([^"]*)")?')
+
+
+class Monitor:
+    """Counts commands on a server with ``MONITOR``: top-level vs in-script (``lua``), by
+    phase; phases are switched by ``ECHO <MARK><phase>`` sent from the admin connection."""
+
+    def __init__(self, port: int, ignore_addr: str) -> None:
+        self.sock = socket.create_connection(("127.0.0.1", port), timeout=0.2)
+        self.ignore_addr = ignore_addr
+        self.counts: Counter[tuple[str, str, str]] = Counter()  # (phase, where, command)
+        self.phase = ""
+        self.done = threading.Event()
+        self.error: str | None = None
+        self.sock.sendall(b"MONITOR\r\n")
+        self._buffer = self._handshake()
+        self._thread = threading.Thread(target=self._run, name="bench-monitor", daemon=True)
+        self._thread.start()
+
+    def _handshake(self, timeout: float = 5.0) -> bytes:
+        """Wait for MONITOR's ``+OK``: only then are later commands sure to be seen."""
+        buffer = b""
+        deadline = time.monotonic() + timeout
+        while b"\r\n" not in buffer:
+            if time.monotonic() > deadline:
+                raise TimeoutError("MONITOR was not acknowledged")
+            with contextlib.suppress(TimeoutError):
+                buffer += self.sock.recv(1 << 16)
+        reply, _, rest = buffer.partition(b"\r\n")
+        if reply != b"+OK":
+            raise RuntimeError(f"MONITOR refused: {reply!r}")
+        return rest
+
+    def _run(self) -> None:
+        buffer = self._buffer
+        try:
+            while not self.done.is_set():
+                try:
+                    chunk = self.sock.recv(1 << 16)
+                except TimeoutError:
+                    continue
+                if not chunk:
+                    self.error = "MONITOR connection closed"
+                    return
+                buffer += chunk
+                *lines, buffer = buffer.split(b"\r\n")
+                for line in lines:
+                    self._line(line)
+        except OSError as exc:
+            self.error = f"MONITOR failed: {exc!r}"
+
+    def _line(self, line: bytes) -> None:
+        match = _LINE.match(line)
+        if match is None:
+            return
+        client, command, first = (g.decode(errors="replace") if g else "" for g in match.groups())
+        command = command.lower()
+        if client == self.ignore_addr:
+            if command == "echo" and first.startswith(MARK):
+                self.phase = first.removeprefix(MARK)
+                if self.phase == "end":
+                    self.done.set()
+            return
+        if command in ("client", "script", "config", "command"):
+            command = f"{command}|{first.lower()}"
+        where = "lua" if client == "lua" else "top"
+        self.counts[(self.phase or "before", where, command)] += 1
+
+    def close(self, timeout: float = 10.0) -> None:
+        """Wait (bounded) for the ``end`` marker, then close the connection."""
+        self.done.wait(timeout)
+        self.done.set()
+        self._thread.join(timeout=2.0)
+        self.sock.close()
+
+
+# --- CPU accounting (Linux /proc) ------------------------------------------------------------
+
+TICK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+
+
+def _stat_fields(pid: int) -> list[str]:
+    """Fields of /proc/PID/stat after the command name (state first)."""
+    return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+
+
+def cpu_seconds(pid: int | None) -> float:
+    """User + system CPU seconds of one process (all its threads); 0 if it is gone."""
+    if pid is None:
+        return 0.0
+    try:
+        fields = _stat_fields(pid)
+    except (OSError, IndexError):
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / TICK
+
+
+def side_thread_seconds(pid: int) -> float:
+    """CPU seconds of the threads of ``pid`` other than its main thread (e.g. a renewer)."""
+    total = 0.0
+    with contextlib.suppress(OSError):
+        for task in Path(f"/proc/{pid}/task").iterdir():
+            if task.name != str(pid):
+                with contextlib.suppress(OSError, IndexError):
+                    fields = (task / "stat").read_text().rsplit(")", 1)[1].split()
+                    total += (int(fields[11]) + int(fields[12])) / TICK
+    return total
+
+
+def children_of(pid: int) -> list[int]:
+    """Direct children of ``pid`` (the prefork pool processes of a worker)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            with contextlib.suppress(OSError, IndexError):
+                if int(_stat_fields(int(entry.name))[1]) == pid:
+                    found.append(int(entry.name))
+    return found
+
+
+# --- the worker ----------------------------------------------------------------------------
+
+
+@dataclass
+class Worker:
+    """One ``celery worker`` process group, stopped by its PID."""
+
+    process: subprocess.Popen[bytes]
+    log: Path
+
+    def text(self) -> str:
+        return self.log.read_text(errors="replace") if self.log.exists() else ""
+
+    def alive(self) -> bool:
+        return self.process.poll() is None
+
+    def stop(self, timeout: float = 15.0) -> None:
+        """Warm shutdown (SIGTERM to the group), then SIGKILL to the group after ``timeout``."""
+        pgid = self.process.pid
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(pgid, signal.SIGTERM)
+        try:
+            self.process.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(pgid, signal.SIGKILL)
+            self.process.wait(timeout=10)
+        with contextlib.suppress(ProcessLookupError):  # no pool child may outlive its parent
+            os.killpg(pgid, signal.SIGKILL)
+
+
+def worker_command(log: Path, concurrency: int, hostname: str) -> list[str]:
+    """The ``celery worker`` command line of the benchmark."""
+    return [
+        sys.executable, "-m", "celery", "-A", APP_MODULE, "worker",
+        "--pool", "prefork", "--concurrency", str(concurrency),
+        "--without-gossip", "--without-mingle", "--without-heartbeat",
+        "--loglevel", "WARNING", "--logfile", str(log), "--hostname", hostname,
+    ]  # fmt: skip
+
+
+# --- one measurement -----------------------------------------------------------------------
+
+
+@dataclass
+class Bench:
+    """The two servers, the producer app and the admin clients of one invocation."""
+
+    broker: RedisServer
+    lock: RedisServer
+    tmp: Path
+    params: Params
+    app_module: ModuleType = field(init=False)
+    lock_admin: redis.Redis = field(init=False)
+    counter: int = 0
+
+    def __post_init__(self) -> None:
+        os.environ["CSL_BENCH_BROKER"] = self.broker.url
+        os.environ["CSL_BENCH_LOCK"] = self.lock.url
+        self.app_module = importlib.import_module(APP_MODULE)
+        self.lock_admin = redis.Redis.from_url(self.lock.url, decode_responses=True)
+        self.lock_admin.ping()
+
+    def unavailable(self, contender: str) -> str | None:
+        """Why a contender cannot run here, or None."""
+        reason: str | None = self.app_module.UNAVAILABLE.get(contender)
+        return reason
+
+    def measure(self, contender: str, tasks: int, *, audit: bool = False) -> Result:
+        """Publish ``tasks`` tasks of ``contender``, then drain them on a fresh worker."""
+        self.counter += 1
+        run_id = f"{self.counter}-{uuid.uuid4().hex[:6]}"
+        app = self.app_module.app
+        task = app.tasks[self.app_module.TASKS[contender]]
+        self._ensure_empty_queue(app)
+        self.lock_admin.flushall()
+        self.lock_admin.config_resetstat()
+        monitor = None
+        if audit:
+            monitor = Monitor(self.lock.port, str(self.lock_admin.client_info()["addr"]))
+            self.lock_admin.echo(MARK + "publish")
+
+        ids: set[str] = set()
+        servers_before = self._server_cpu()
+        cpu_before = time.process_time()
+        started = now_ns()
+        try:
+            for i in range(tasks):
+                ids.add(task.delay(i).id)
+        except Exception as exc:
+            if monitor:
+                monitor.close(0)
+            return {"status": f"publish failed: {exc!r}"}
+        publish_s = (now_ns() - started) / 1e9
+        producer_cpu = time.process_time() - cpu_before
+        servers_published = self._server_cpu()
+        publish_calls = command_calls(self.lock_admin)
+        if monitor:
+            self.lock_admin.echo(MARK + "drain")
+
+        result = self._drain(run_id, tasks)
+        drain_calls = command_calls(self.lock_admin) - publish_calls
+        if monitor:
+            self.lock_admin.echo(MARK + "end")
+            monitor.close()
+            result["audit"] = audit_summary(monitor, tasks)
+        us = 1e6 / tasks
+        if result["status"] == "ok":
+            broker_cpu, lock_cpu = (
+                b - a for a, b in zip(servers_published, result.pop("servers_drained"), strict=True)
+            )
+            result["cpu_us"] = {
+                "producer": producer_cpu * us,
+                "broker_publish": (servers_published[0] - servers_before[0]) * us,
+                "lock_publish": (servers_published[1] - servers_before[1]) * us,
+                "children": result.pop("children_cpu") * us,
+                "side_threads": result.pop("side_threads_cpu") * us,
+                "parent": result.pop("parent_cpu") * us,
+                "broker": broker_cpu * us,
+                "lock": lock_cpu * us,
+            }
+        result.update(
+            publish_rate=tasks / publish_s,
+            distinct_ids=len(ids),
+            publish_cmds=per_task(publish_calls, tasks),
+            drain_cmds=per_task(drain_calls, tasks),
+            commands=dict(publish_calls + drain_calls),
+        )
+        if result["status"] == "ok" and len(ids) != tasks:
+            result["status"] = f"only {len(ids)} distinct task ids for {tasks} publishes"
+        return result
+
+    def _drain(self, run_id: str, tasks: int) -> Result:
+        """Start a worker on the full queue, wait (bounded) for every task, stop it."""
+        log = self.tmp / f"worker-{run_id}.log"
+        progress = self.tmp / f"progress-{run_id}"
+        progress.mkdir()
+        env = {
+            **os.environ,
+            "CSL_BENCH_PROGRESS": str(progress),
+            "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
+        }
+        process = subprocess.Popen(
+            worker_command(log, self.params.concurrency, f"bench-{run_id}@%h"),
+            cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )  # fmt: skip
+        worker = Worker(process, log)
+        cpu: Result = {}
+        try:
+            status = self._wait(worker, progress, tasks)
+            if status == "ok":  # CPU used by the drain, read before the processes go
+                ready_cpu = float((progress / "ready").read_text() or 0)
+                cpu["parent_cpu"] = cpu_seconds(process.pid) - ready_cpu
+                pool = children_of(process.pid)
+                cpu["children_cpu"] = sum(cpu_seconds(pid) for pid in pool)
+                cpu["side_threads_cpu"] = sum(side_thread_seconds(pid) for pid in pool)
+                cpu["servers_drained"] = self._server_cpu()
+        finally:
+            worker.stop()
+        # The slots outlive the pool processes: read the final values once they are gone.
+        starts, ended, end, odd = self.app_module.read_progress(progress)
+        if status == "ok" and (odd or ended != tasks):
+            status = f"{ended} tasks ended, {odd} of them failed or skipped their body"
+        result: Result = {"status": status}
+        if status != "ok":
+            result["log_tail"] = worker.text()[-3000:]
+            return result
+        drain_s = (end - min(starts)) / 1e9
+        result.update(drain_s=drain_s, drain_rate=tasks / drain_s, processes=len(starts), **cpu)
+        return result
+
+    def _server_cpu(self) -> tuple[float, float]:
+        """CPU seconds used so far by the broker and the lock server."""
+        return cpu_seconds(self.broker.pid), cpu_seconds(self.lock.pid)
+
+    def _wait(self, worker: Worker, progress: Path, tasks: int) -> str:
+        """Poll the progress slots until every task ended; bounded by start and stall limits."""
+        read = self.app_module.read_progress
+        deadline = time.monotonic() + self.params.ready_timeout
+        while not (progress / "ready").exists():
+            if not worker.alive():
+                return "worker exited at start"
+            if time.monotonic() > deadline:
+                return f"worker not ready within {self.params.ready_timeout:.0f} s"
+            time.sleep(0.05)
+        last, last_change = -1, time.monotonic()
+        while True:
+            ended = read(progress)[1]
+            if ended >= tasks:
+                return "ok"
+            if ended != last:
+                last, last_change = ended, time.monotonic()
+            elif time.monotonic() - last_change > self.params.stall_timeout:
+                return f"stalled at {ended}/{tasks} tasks for {self.params.stall_timeout:.0f} s"
+            if not worker.alive():
+                return f"worker exited after {ended}/{tasks} tasks"
+            time.sleep(0.05)
+
+    def _ensure_empty_queue(self, app: Any) -> None:
+        """A failed earlier run may leave messages behind: purge them (never the bindings)."""
+        broker = redis.Redis.from_url(self.broker.url)
+        try:
+            if broker.llen("celery") or broker.exists("unacked"):
+                app.control.purge()
+                broker.delete("unacked", "unacked_index")
+        finally:
+            broker.close()
+
+
+def audit_summary(monitor: Monitor, tasks: int) -> Result:
+    """Per-task top-level and in-script commands by phase, from a MONITOR count."""
+    if monitor.error:
+        return {"error": monitor.error}
+    per: dict[str, float] = {}
+    breakdown: dict[str, float] = {}
+    setup: Counter[str] = Counter()
+    for (phase, where, command), count in monitor.counts.items():
+        if command.split("|", 1)[0] in SETUP_COMMANDS:
+            setup[f"{phase}:{command}"] += count
+            continue
+        per[f"{phase}_{where}"] = per.get(f"{phase}_{where}", 0.0) + count / tasks
+        breakdown[f"{phase} {where} {command}"] = count / tasks
+    return {
+        "publish_rt": per.get("publish_top", 0.0),
+        "drain_rt": per.get("drain_top", 0.0),
+        "publish_lua": per.get("publish_lua", 0.0),
+        "drain_lua": per.get("drain_lua", 0.0),
+        "breakdown": dict(sorted(breakdown.items())),
+        "setup": dict(sorted(setup.items())),
+        "phases_seen": sorted({phase for phase, _, _ in monitor.counts}),
+    }
+
+
+# --- reporting -----------------------------------------------------------------------------
+
+
+def run_command(argv: list[str]) -> str:
+    """First line of a command's output, or a short error."""
+    try:
+        out = subprocess.run(argv, capture_output=True, text=True, timeout=10, check=False)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return f"unavailable ({exc})"
+    return (out.stdout or out.stderr).strip().splitlines()[0] if (out.stdout or out.stderr) else ""
+
+
+def version(dist: str) -> str:
+    try:
+        return importlib.metadata.version(dist)
+    except importlib.metadata.PackageNotFoundError:
+        return "not installed"
+
+
+def machine_info() -> dict[str, str]:
+    """What the numbers were measured on."""
+    cpu = ""
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    return {
+        "nproc": run_command(["nproc"]),
+        "cpu": cpu or platform.processor() or "?",
+        "os": platform.platform(),
+        "python": platform.python_version(),
+        "celery": version("celery"),
+        "kombu": version("kombu"),
+        "billiard": version("billiard"),
+        "redis-py": version("redis"),
+        "redis-server": run_command([find_redis_server() or "redis-server", "--version"]),
+        "celery-singleton-lock": version("celery-singleton-lock"),
+        "celery-singleton": version("celery-singleton"),
+        "celery-once": version("celery-once"),
+    }
+
+
+def loadavg() -> str:
+    try:
+        return " ".join(Path("/proc/loadavg").read_text().split()[:3])
+    except OSError:
+        return "?"
+
+
+def median(values: Sequence[float]) -> float:
+    return float(statistics.median(values)) if values else float("nan")
+
+
+DRAIN_PARTS = ("children", "parent", "broker", "lock")
+
+
+def drain_cpu(result: Result) -> float:
+    """CPU microseconds per task of the drain: worker processes and both servers."""
+    return float(sum(result["cpu_us"][part] for part in DRAIN_PARTS))
+
+
+def per_main(result: Result) -> float:
+    """CPU of the pool processes plus the lock server per unit of the worker main process's
+    CPU. The main process does the same work for every contender (consume, ack, feed the
+    pool), so this ratio cancels the machine's speed, which drifts on a shared host."""
+    cpu = result["cpu_us"]
+    return float((cpu["children"] + cpu["lock"]) / cpu["parent"]) if cpu["parent"] else 0.0
+
+
+def summarise(results: dict[str, list[Result]], audits: dict[str, Result]) -> dict[str, Result]:
+    """Medians per contender; ratios are of medians (each median filters the bursts of a
+    shared machine on its own, where a per-run ratio would carry either run's burst)."""
+    plain_ok = [r for r in results.get("plain", []) if r["status"] == "ok"]
+    plain_rate = median([r["drain_rate"] for r in plain_ok])
+    plain_cpu = median([drain_cpu(r) for r in plain_ok])
+    summary: dict[str, Result] = {}
+    for contender, runs in results.items():
+        ok = [r for r in runs if r["status"] == "ok"]
+        failed = [r["status"] for r in runs if r["status"] != "ok"]
+        if not ok:
+            summary[contender] = {"status": failed[0] if failed else "not run"}
+            continue
+        summary[contender] = {
+            "status": "ok",
+            "runs_ok": len(ok),
+            "runs_failed": failed,
+            "drain_rate": median([r["drain_rate"] for r in ok]),
+            "drain_min": min(r["drain_rate"] for r in ok),
+            "drain_max": max(r["drain_rate"] for r in ok),
+            "ratio": median([r["drain_rate"] for r in ok]) / plain_rate,
+            "publish_rate": median([r["publish_rate"] for r in ok]),
+            "cmds": median([r["publish_cmds"] + r["drain_cmds"] for r in ok]),
+            "publish_cmds": median([r["publish_cmds"] for r in ok]),
+            "drain_cmds": median([r["drain_cmds"] for r in ok]),
+            "cpu_us": {part: median([r["cpu_us"][part] for r in ok]) for part in ok[0]["cpu_us"]},
+            "cpu_ratio": median([drain_cpu(r) for r in ok]) / plain_cpu,
+            "per_main": median([per_main(r) for r in ok]),
+            "audit": audits.get(contender),
+        }
+    return summary
+
+
+def fmt_rt(audit: Result | None) -> str:
+    if not audit:
+        return "not audited"
+    if "error" in audit:
+        return f"audit failed: {audit['error']}"
+    total = audit["publish_rt"] + audit["drain_rt"]
+    return f"{total:.2f} ({audit['publish_rt']:.2f} + {audit['drain_rt']:.2f})"
+
+
+def table(summary: dict[str, Result], contenders: Sequence[str]) -> str:
+    """The markdown result table."""
+    lines = [
+        "| contender | drain tasks/s (median) | ratio to plain | drain min–max "
+        "| publish tasks/s | lock round trips/task (publish + worker) "
+        "| lock commands/task incl. in-script |",
+        "|---|---:|---:|---:|---:|---:|---:|",
+    ]
+    for contender in contenders:
+        row = summary.get(contender, {"status": "not run"})
+        label = LABELS[contender]
+        if row["status"] != "ok":
+            lines.append(f"| {label} | N/A: {row['status']} | – | – | – | – | – |")
+            continue
+        ratio = "1.00" if contender == "plain" else f"{row['ratio']:.2f}×"
+        cmds = f"{row['cmds']:.2f} ({row['publish_cmds']:.2f} + {row['drain_cmds']:.2f})"
+        lines.append(
+            f"| {label} | {row['drain_rate']:,.0f} | {ratio} "
+            f"| {row['drain_min']:,.0f}–{row['drain_max']:,.0f} | {row['publish_rate']:,.0f} "
+            f"| {fmt_rt(row['audit'])} | {cmds} |"
+        )
+    return "\n".join(lines)
+
+
+def cpu_table(summary: dict[str, Result], contenders: Sequence[str]) -> str:
+    """Where the CPU goes, in microseconds per task (medians)."""
+    lines = [
+        "| contender | pool processes (of which side threads) | worker main process "
+        "| broker server | lock server | drain total (ratio to plain) "
+        "| (pool + lock server) ÷ main process | producer publish | lock server at publish |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for contender in contenders:
+        row = summary.get(contender, {"status": "not run"})
+        if row["status"] != "ok":
+            continue
+        cpu = row["cpu_us"]
+        total = sum(cpu[part] for part in DRAIN_PARTS)
+        lines.append(
+            f"| {LABELS[contender]} | {cpu['children']:.0f} ({cpu['side_threads']:.0f}) "
+            f"| {cpu['parent']:.0f} "
+            f"| {cpu['broker']:.0f} | {cpu['lock']:.0f} | {total:.0f} ({row['cpu_ratio']:.2f}×) "
+            f"| {row['per_main']:.2f} "
+            f"| {cpu['producer']:.0f} | {cpu['lock_publish']:.0f} |"
+        )
+    return "\n".join(lines)
+
+
+def breakdown_text(summary: dict[str, Result], contenders: Sequence[str]) -> str:
+    """Where each contender's lock commands come from (MONITOR audit, per task)."""
+    out = []
+    for contender in contenders:
+        audit = (summary.get(contender) or {}).get("audit")
+        if not audit or "error" in audit:
+            continue
+        parts = ", ".join(f"{k} {v:.2f}" for k, v in audit["breakdown"].items() if v >= 0.005)
+        setup = ", ".join(f"{k} ×{v}" for k, v in audit["setup"].items())
+        out.append(f"- {LABELS[contender]}: {parts or 'no lock commands'}")
+        if setup:
+            out.append(f"  (per connection, not per task: {setup})")
+    return "\n".join(out)
+
+
+# --- main ----------------------------------------------------------------------------------
+
+
+@contextlib.contextmanager
+def servers() -> Iterator[tuple[RedisServer, RedisServer]]:
+    """The broker and the lock server, both private and stopped by PID on exit."""
+    with RedisServer() as broker, RedisServer() as lock:
+        yield broker, lock
+
+
+def _raise_exit(signum: int, _frame: object) -> None:
+    raise SystemExit(128 + signum)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point."""
+    parser = argparse.ArgumentParser(
+        prog="python -m benchmarks.bench_celery",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("--quick", action="store_true", help="a < 90 s smoke check (1 run)")
+    parser.add_argument("--runs", type=int, help="runs per contender (default 3, quick 1)")
+    parser.add_argument("--tasks", type=int, help="tasks per run (default 2000, quick 300)")
+    parser.add_argument(
+        "--audit-tasks",
+        type=int,
+        help="tasks of the MONITOR audit (default 500, quick 100; 0: no audit)",
+    )
+    parser.add_argument(
+        "--contenders",
+        help="comma-separated subset of: " + ",".join(c for c, _ in CONTENDERS),
+    )
+    parser.add_argument("--json", metavar="PATH", help="also write raw results as JSON")
+    args = parser.parse_args(argv)
+    # A SIGTERM unwinds like Ctrl-C, so the worker and both servers are still stopped.
+    signal.signal(signal.SIGTERM, _raise_exit)
+
+    tasks = args.tasks or (300 if args.quick else 2000)
+    params = Params(
+        runs=args.runs or (1 if args.quick else 3),
+        tasks=tasks,
+        warmup_tasks=20,
+        audit_tasks=min(tasks, args.audit_tasks if args.audit_tasks is not None
+                        else (100 if args.quick else 500)),
+    )  # fmt: skip
+    chosen = [c for c, _ in CONTENDERS]
+    if args.contenders:
+        wanted = [c.strip() for c in args.contenders.split(",") if c.strip()]
+        unknown = sorted(set(wanted) - set(chosen))
+        if unknown:
+            parser.error(f"unknown contenders: {', '.join(unknown)}")
+        chosen = [c for c in chosen if c in wanted]
+    if "plain" not in chosen:
+        chosen.insert(0, "plain")  # every ratio needs it
+
+    command = "python -m benchmarks.bench_celery " + shlex.join(sys.argv[1:] if argv is None
+                                                                 else list(argv))  # fmt: skip
+    info = machine_info()
+    print(f"# Celery task benchmark\n\ncommand: `{command.strip()}`")
+    for key, value in info.items():
+        print(f"- {key}: {value}")
+    print(f"- load average at start: {loadavg()}")
+    print(
+        f"- {params.runs} run(s) x {params.tasks} tasks per contender; worker: prefork, "
+        f"concurrency {params.concurrency}, default prefetch; audit: {params.audit_tasks} tasks\n"
+    )
+    began = time.monotonic()
+    results: dict[str, list[Result]] = {c: [] for c in chosen}
+    audits: dict[str, Result] = {}
+    with servers() as (broker, lock), tempfile.TemporaryDirectory(prefix="csl-bench-") as tmp:
+        bench = Bench(broker, lock, Path(tmp), params)
+        live = []
+        for contender in chosen:
+            reason = bench.unavailable(contender)
+            if reason:
+                results[contender].append({"status": reason, "run": 0})
+                print(f"{contender}: N/A ({reason})", flush=True)
+            else:
+                live.append(contender)
+        # Warm-up: the producer's broker and lock connections, script loading on the servers.
+        for contender in list(live):
+            outcome = bench.measure(contender, params.warmup_tasks)
+            if outcome["status"] != "ok":
+                results[contender].append({"status": f"warm-up: {outcome['status']}", "run": 0})
+                print(f"warm-up {contender}: {outcome['status']}", flush=True)
+                print(outcome.get("log_tail", ""), flush=True)
+                live.remove(contender)
+        for run in range(params.runs):
+            order = live[run % len(live) :] + live[: run % len(live)]  # rotate per run
+            for contender in order:
+                outcome = bench.measure(contender, params.tasks)
+                outcome["run"] = run
+                results[contender].append(outcome)
+                if outcome["status"] == "ok":
+                    print(
+                        f"run {run + 1} {contender:17} drain {outcome['drain_rate']:7,.0f}/s "
+                        f"({outcome['drain_s']:.2f} s)  publish {outcome['publish_rate']:7,.0f}/s"
+                        f"  lock cmds/task {outcome['publish_cmds']:.2f} + "
+                        f"{outcome['drain_cmds']:.2f}  drain CPU {drain_cpu(outcome):.0f} us/task"
+                        f"  load {loadavg()}",
+                        flush=True,
+                    )
+                else:
+                    print(f"run {run + 1} {contender}: {outcome['status']}", flush=True)
+                    if outcome.get("log_tail"):
+                        print(outcome["log_tail"], flush=True)
+        if params.audit_tasks:
+            for contender in live:
+                outcome = bench.measure(contender, params.audit_tasks, audit=True)
+                if outcome["status"] == "ok" and "audit" in outcome:
+                    audits[contender] = outcome["audit"]
+                else:
+                    audits[contender] = {"error": outcome["status"]}
+
+    summary = summarise(results, audits)
+    print(f"\n{table(summary, chosen)}\n")
+    print("CPU per task in microseconds (user + system from /proc, medians; the drain total")
+    print("is the worker's processes plus both servers; ratio of medians to plain; the")
+    print("÷ main process column is the median of per-run ratios, steady on a drifting host):\n")
+    print(f"{cpu_table(summary, chosen)}\n")
+    print("Lock commands per task by phase, where and command (MONITOR audit):")
+    print(breakdown_text(summary, chosen))
+    print(f"\nload average at end: {loadavg()}; took {time.monotonic() - began:.0f} s")
+    if args.json:
+        Path(args.json).write_text(
+            json.dumps(
+                {"machine": info, "params": params.__dict__, "results": results,
+                 "audits": audits, "summary": summary},
+                indent=2, default=str,
+            )
+        )  # fmt: skip
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
