@@ -55,6 +55,8 @@ SCOPES = ("run", "queue")
 DEFAULT_PREFIX = "csl"
 DEFAULT_TIMEOUT = 30.0
 DEFAULT_WAIT = 60.0
+#: Lease of a queue-scope lock while its message waits in the queue (nobody renews it).
+DEFAULT_QUEUE_TIMEOUT = 3600.0
 DEFAULT_URL = "redis://localhost:6379/0"
 #: URL schemes the lock's Redis may use (and a broker URL must use to be borrowed).
 REDIS_URL_SCHEMES = (
@@ -77,6 +79,7 @@ TASK_OPTIONS = (
     "lock_scope",
     "lock_wait",
     "lock_retry_delay",
+    "lock_queue_timeout",
 )
 
 KeysOption = tuple[str, ...] | Callable[[tuple[Any, ...], dict[str, Any]], Any] | None
@@ -194,10 +197,11 @@ def validate_task_options(options: Mapping[str, Any], where: str) -> dict[str, A
 
     ``where`` prefixes every message, e.g. ``"singleton_lock_tasks['billing.*']"`` or
     ``"task 'shop.buy'"``. An unknown name (a typo such as ``lock_timout``) is an error.
-    ``None`` means "not set" for ``lock_timeout``, ``lock_renew``, ``lock_on_conflict`` and
-    ``lock_scope`` (dropped from the result); for ``lock_keys`` it means every argument,
-    for ``lock_wait`` wait forever and for ``lock_retry_delay`` automatic. ``lock_keys``
-    lists become tuples; ``lock_wait=math.inf`` becomes None.
+    ``None`` means "not set" for ``lock_timeout``, ``lock_queue_timeout``,
+    ``lock_renew``, ``lock_on_conflict`` and ``lock_scope`` (dropped from the result); for
+    ``lock_keys`` it means every argument, for ``lock_wait`` wait forever and for
+    ``lock_retry_delay`` automatic. ``lock_keys`` lists become tuples;
+    ``lock_wait=math.inf`` becomes None.
     """
     if not isinstance(options, Mapping):
         raise ImproperlyConfigured(f"{where} must be a mapping of lock_* options, got {options!r}")
@@ -218,7 +222,7 @@ def validate_task_options(options: Mapping[str, Any], where: str) -> dict[str, A
             result[name] = _duration(value, label, positive=False, allow_none=True)
         elif value is None:
             continue
-        elif name == "lock_timeout":
+        elif name in ("lock_timeout", "lock_queue_timeout"):
             result[name] = _duration(value, label, positive=True, allow_none=False)
         elif name == "lock_renew":
             result[name] = _flag(value, label)
@@ -244,6 +248,7 @@ class LockOptions:
     scope: str
     wait: float | None
     retry_delay: float | None
+    queue_timeout: float = DEFAULT_QUEUE_TIMEOUT
 
 
 # ---------------------------------------------------------------------- settings
@@ -377,6 +382,7 @@ class Settings:
     renew: bool = True
     wait: float | None = DEFAULT_WAIT
     retry_delay: float | None = None
+    queue_timeout: float = DEFAULT_QUEUE_TIMEOUT
     tasks: tuple[tuple[str, Mapping[str, Any]], ...] = ()
     fail_open: bool = False
     scripting: bool = True
@@ -404,6 +410,9 @@ class Settings:
         name, value = read("timeout")
         if value is not _MISSING:
             values["timeout"] = _duration(value, name, positive=True, allow_none=False)
+        name, value = read("queue_timeout")
+        if value is not _MISSING:
+            values["queue_timeout"] = _duration(value, name, positive=True, allow_none=False)
         name, value = read("on_conflict")
         if value is not _MISSING:
             values["on_conflict"] = _choice(value, name, CONFLICT_POLICIES)
@@ -472,6 +481,7 @@ class Settings:
             scope=merged.get("lock_scope", self.scope),
             wait=merged.get("lock_wait", self.wait),
             retry_delay=merged.get("lock_retry_delay", self.retry_delay),
+            queue_timeout=merged.get("lock_queue_timeout", self.queue_timeout),
         )
 
 

@@ -37,8 +37,6 @@ log = logging.getLogger("celery_singleton_lock.task")
 
 #: Message header that carries a queue-scope lock's key from the producer to the run.
 HEADER_KEY = "singleton_lock_key"
-#: How long a queue-scope lock lives while its message waits in the queue (no one renews it).
-QUEUE_LEASE_FLOOR = 3600.0
 _HOST = socket.gethostname()
 
 AnyTask = Task[Any, Any]
@@ -75,7 +73,7 @@ def options_for(task: AnyTask) -> LockOptions | None:
         overrides = {
             name: getattr(task, name)
             for name in ("lock_timeout", "lock_renew", "lock_on_conflict", "lock_scope",
-                         "lock_wait", "lock_retry_delay")
+                         "lock_wait", "lock_retry_delay", "lock_queue_timeout")
             if getattr(task, name, None) is not None
         }  # fmt: skip
         if task.lock_keys is not None:
@@ -101,7 +99,7 @@ def lock_for_task(
     return RedisLock(
         redis_for(task.app, settings.url),
         key,
-        timeout=max(options.timeout, QUEUE_LEASE_FLOOR) if queued else options.timeout,
+        timeout=options.queue_timeout if queued else options.timeout,
         auto_renew=options.renew and not queued,
         scripting=settings.scripting,
         token=queue_token(task_id) if options.scope == "queue" else None,
@@ -313,7 +311,8 @@ class LockedTask(Task[Any, Any]):
 
     Options (class attributes, usually given to ``@app.task``): ``lock_keys``,
     ``lock_timeout``, ``lock_renew``, ``lock_on_conflict``, ``lock_scope``, ``lock_wait``,
-    ``lock_retry_delay``; None means "from the ``singleton_lock_*`` settings".
+    ``lock_retry_delay``, ``lock_queue_timeout``; None means "from the
+    ``singleton_lock_*`` settings".
     """
 
     lock_keys: Any = None
@@ -323,6 +322,7 @@ class LockedTask(Task[Any, Any]):
     lock_scope: str | None = None
     lock_wait: float | None = None
     lock_retry_delay: float | None = None
+    lock_queue_timeout: float | None = None
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         return locked_call(self, args, kwargs, super().__call__)

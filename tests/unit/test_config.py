@@ -499,3 +499,23 @@ def test_settings_die_with_their_app() -> None:
     del app
     gc.collect()
     assert len(config._by_app) == before - 1
+
+
+def test_queue_timeout_setting_and_option() -> None:
+    """singleton_lock_queue_timeout sets the queued lease (default 1 h); a task's or a
+    glob's lock_queue_timeout overrides it; non-positive values name the setting."""
+    assert Settings().queue_timeout == 3600.0
+    settings = Settings.from_conf(
+        {
+            "singleton_lock_queue_timeout": 120,
+            "singleton_lock_tasks": {"reports.*": {"lock_queue_timeout": 30}},
+        }
+    )
+    assert settings.queue_timeout == 120.0
+    assert settings.options_for("reports.daily", None).queue_timeout == 30.0  # type: ignore[union-attr]
+    assert settings.options_for("shop.buy", {"lock_queue_timeout": 5}).queue_timeout == 5.0  # type: ignore[union-attr]
+    assert settings.options_for("shop.buy", {}).queue_timeout == 120.0  # type: ignore[union-attr]
+    with pytest.raises(ImproperlyConfigured, match="singleton_lock_queue_timeout"):
+        Settings.from_conf({"singleton_lock_queue_timeout": 0})
+    with pytest.raises(ImproperlyConfigured, match="lock_queue_timeout"):
+        Settings().options_for("shop.buy", {"lock_queue_timeout": -1})

@@ -110,6 +110,13 @@ def queued(name: str, seconds: float = 1.0) -> str:
     return "ran"
 
 
+@app.task(base=LockedTask, lock_scope="queue", lock_queue_timeout=1.0)
+def queued_short(name: str) -> str:
+    """Queue scope with a 1 s queued lease: a message stuck longer stops deduplicating."""
+    section(name, 0.1)
+    return "ran"
+
+
 @app.task(base=LockedTask, lock_on_conflict="raise")
 def raising(name: str, seconds: float = 1.0) -> str:
     """Raise policy: a duplicate fails with TaskLocked."""

@@ -138,3 +138,17 @@ def test_self_retry_in_run_scope_releases_between_attempts(
     other = proj.retry_run.delay("rr")
     assert other.get(timeout=30) == "attempt 2"
     assert first.get(timeout=30) == "attempt 3"
+
+
+def test_queue_timeout_bounds_how_long_a_queued_message_holds_the_lock(
+    proj: ModuleType, data: redis.Redis
+) -> None:
+    """lock_queue_timeout is the lease of a queued message: within it duplicates share the
+    id; once it ran out (no worker took the message), the next call publishes anew."""
+    first = proj.queued_short.delay("qs")
+    assert proj.queued_short.delay("qs").id == first.id
+    keys = list(data.scan_iter(match="csl:tests.worker.proj.queued_short:*"))
+    assert len(keys) == 1
+    assert 0 < data.pttl(keys[0]) <= 1000 + 1100  # lease 1 s + grace
+    time.sleep(1.2)
+    assert proj.queued_short.delay("qs").id != first.id
