@@ -34,7 +34,7 @@ import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
-from typing import Any
+from typing import Any, TypeVar
 
 import redis
 
@@ -192,6 +192,27 @@ class _PairTimer:
         }
 
 
+_S = TypeVar("_S")
+
+
+def _on_own_servers(
+    stack: contextlib.ExitStack,
+    contenders: Sequence[Contender],
+    make: Callable[[Contender, RedisServer], _S],
+) -> tuple[list[_S], dict[str, Result]]:
+    """One private redis-server per contender (stopped by ``stack``) and ``make``'s session
+    on it; a contender that cannot start is reported as an error row, not a crash."""
+    sessions: list[_S] = []
+    failed: dict[str, Result] = {}
+    for contender in contenders:
+        try:
+            server = stack.enter_context(RedisServer())
+            sessions.append(make(contender, server))
+        except Exception as exc:
+            failed[contender.name] = {"status": f"error: {type(exc).__name__}: {exc}"}
+    return sessions, failed
+
+
 def scenario_a(contenders: Sequence[Contender], params: Params, run: int) -> dict[str, Result]:
     """Uncontended acquire+release pairs, all contenders interleaved in blocks of 50 pairs.
 
@@ -200,14 +221,7 @@ def scenario_a(contenders: Sequence[Contender], params: Params, run: int) -> dic
     """
     rng = random.Random(3000 + run)
     with contextlib.ExitStack() as stack:
-        timers: list[_PairTimer] = []
-        failed: dict[str, Result] = {}
-        for contender in contenders:
-            try:
-                server = stack.enter_context(RedisServer())
-                timers.append(_PairTimer(contender, server, run))
-            except Exception as exc:
-                failed[contender.name] = {"status": f"error: {type(exc).__name__}: {exc}"}
+        timers, failed = _on_own_servers(stack, contenders, lambda c, s: _PairTimer(c, s, run))
         for timer in timers:
             timer.pairs(params.a_warmup, timed=False)
             with contextlib.suppress(redis.RedisError):
@@ -509,15 +523,8 @@ class _HandOff:
 def scenario_c(contenders: Sequence[Contender], params: Params, run: int) -> dict[str, Result]:
     """Release-to-acquire latency, all contenders interleaved in blocks of 20 hand-offs."""
     rng = random.Random(4000 + run)
-    failed: dict[str, Result] = {}
-    sessions: list[_HandOff] = []
     with contextlib.ExitStack() as stack:
-        for contender in contenders:
-            try:
-                server = stack.enter_context(RedisServer())
-                sessions.append(_HandOff(contender, server, run))
-            except Exception as exc:
-                failed[contender.name] = {"status": f"error: {type(exc).__name__}: {exc}"}
+        sessions, failed = _on_own_servers(stack, contenders, lambda c, s: _HandOff(c, s, run))
         try:
             for session in sessions:
                 session.samples(params.c_warmup, record=False, budget=params.c_budget)
