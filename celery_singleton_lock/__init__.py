@@ -1,10 +1,15 @@
 """celery_singleton_lock: run a Celery task at most once at a time per (task, arguments).
 
-This module only re-exports; see ``lock`` for the Redis lock engine and ``task`` for the
-Celery side.
+This module only re-exports. The lock engine (``RedisLock``) and the exceptions import
+nothing from Celery; the Celery-side names are imported on first access, so
+``from celery_singleton_lock import RedisLock`` works in any Python program.
 """
 
-from celery_singleton_lock import signals as _signals  # noqa: F401  (connects the receivers)
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
 from celery_singleton_lock._version import __version__
 from celery_singleton_lock.exceptions import (
     LockBackendError,
@@ -13,10 +18,15 @@ from celery_singleton_lock.exceptions import (
     SingletonLockError,
     TaskLocked,
 )
-from celery_singleton_lock.lock import RedisLock
-from celery_singleton_lock.task import LockedTask, current_lock
+from celery_singleton_lock.lock import Holder, RedisLock
+
+if TYPE_CHECKING:
+    from celery_singleton_lock.admin import clear_locks
+    from celery_singleton_lock.integration import setup
+    from celery_singleton_lock.task import LockedTask, current_lock
 
 __all__ = [
+    "Holder",
     "LockBackendError",
     "LockError",
     "LockNotOwned",
@@ -25,5 +35,24 @@ __all__ = [
     "SingletonLockError",
     "TaskLocked",
     "__version__",
+    "clear_locks",
     "current_lock",
+    "setup",
 ]
+
+# Celery-side names and the module that defines each, imported when first asked for.
+_LAZY = {
+    "LockedTask": "celery_singleton_lock.task",
+    "current_lock": "celery_singleton_lock.task",
+    "clear_locks": "celery_singleton_lock.admin",
+    "setup": "celery_singleton_lock.integration",
+}
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value

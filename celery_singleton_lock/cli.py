@@ -18,9 +18,7 @@ import contextlib
 import difflib
 import inspect
 import json
-import re
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import click
@@ -31,25 +29,29 @@ from celery.exceptions import CeleryCommandException, ImproperlyConfigured
 from celery.platforms import EX_UNAVAILABLE
 from kombu.utils.url import maybe_sanitize_url
 
-from celery_singleton_lock._value import Holder, LockValue, parse_value
-from celery_singleton_lock.client import LockClient, redis_for
-from celery_singleton_lock.config import Settings, settings_for
-from celery_singleton_lock.keys import task_lock_key
-from celery_singleton_lock.lock import companion_key
-from celery_singleton_lock.task import options_for
+from celery_singleton_lock._redis import LockClient
+from celery_singleton_lock.admin import (
+    HEADINGS,
+    SCAN_COUNT,
+    SIGNAL_SUFFIX,
+    decode_key,
+    delete_locks,
+    prefix_pattern,
+    read_locks,
+    scan_pages,
+)
+from celery_singleton_lock.client import redis_for
+from celery_singleton_lock.config import settings_for
+from celery_singleton_lock.options import Settings
+from celery_singleton_lock.runtime import locking_for
 
 if TYPE_CHECKING:
     from celery import Celery
 
 __all__ = ["locks"]
 
-#: Keys asked for per SCAN call, and keys read or deleted per pipeline.
-SCAN_COUNT = 500
-#: Suffix of the waiters' signal list that sits next to every lock key.
-SIGNAL_SUFFIX = "signal"
 #: How many keys a confirmation prompt names before it only counts the rest.
 _PROMPT_NAMES = 10
-_GLOB_SPECIAL = re.compile(r"([\\*?\[\]])")
 
 
 # ----------------------------------------------------------------------------- helpers
@@ -85,24 +87,9 @@ def safe_url(url: str) -> str:
     return ";".join(parts)
 
 
-def _glob_escape(text: str) -> str:
-    """``text`` as a literal inside a Redis glob pattern."""
-    return _GLOB_SPECIAL.sub(r"\\\1", text)
-
-
-def prefix_pattern(prefix: str) -> str:
-    """The SCAN pattern of every key under ``prefix`` (``prefix:*``, glob-escaped)."""
-    return f"{_glob_escape(prefix)}:*"
-
-
 def _plural(count: int, word: str) -> str:
     """``"1 lock"``, ``"2 locks"``."""
     return f"{count} {word}" if count == 1 else f"{count} {word}s"
-
-
-def _decode(key: bytes | str) -> str:
-    """A key as text; bytes that are not UTF-8 are shown escaped."""
-    return key.decode("utf-8", "backslashreplace") if isinstance(key, bytes) else key
 
 
 @contextlib.contextmanager
@@ -125,23 +112,6 @@ def _client(app: Celery, settings: Settings) -> LockClient:
         raise click.ClickException(f"singleton_lock_url: {_one_line(str(exc))}") from exc
 
 
-def _scan(client: LockClient, pattern: str) -> Iterator[list[bytes | str]]:
-    """Pages of the keys matching ``pattern`` (SCAN on every node of a cluster; each key
-    once)."""
-    seen: set[bytes | str] = set()
-    page: list[bytes | str] = []
-    for key in client.scan_iter(match=pattern, count=SCAN_COUNT):
-        if key in seen:
-            continue
-        seen.add(key)
-        page.append(key)
-        if len(page) >= SCAN_COUNT:
-            yield page
-            page = []
-    if page:
-        yield page
-
-
 # ------------------------------------------------------------------------------ group
 
 
@@ -153,155 +123,6 @@ def locks(ctx: click.Context, **kwargs: Any) -> None:
 
 
 # ------------------------------------------------------------------------------- list
-
-
-@dataclass(frozen=True)
-class LockRow:
-    """One lock key as ``locks list`` shows it.
-
-    ``kind`` is ``"lock"`` (written by this package), ``"classic"`` (a plain expiry
-    timestamp from a SETNX locker in another language) or ``"foreign"`` (any other
-    string; held while the key has a TTL). ``lease_left`` is in seconds, None when free.
-    """
-
-    key: str
-    kind: str
-    held: bool
-    lease_left: float | None
-    fence: int | None
-    info: dict[str, Any]
-
-    @property
-    def task_id(self) -> str | None:
-        return _text(self.info.get("task_id"))
-
-    @property
-    def task(self) -> str | None:
-        return _text(self.info.get("task"))
-
-    @property
-    def host(self) -> str | None:
-        return _text(self.info.get("host"))
-
-    @property
-    def pid(self) -> int | None:
-        pid = self.info.get("pid")
-        return pid if isinstance(pid, int) and not isinstance(pid, bool) else None
-
-    @property
-    def queued(self) -> bool:
-        return self.info.get("queued") is True
-
-    def as_json(self) -> dict[str, Any]:
-        """The row as a JSON object (``--json``)."""
-        return {
-            "key": self.key,
-            "kind": self.kind,
-            "held": self.held,
-            "task_id": self.task_id,
-            "task": self.task,
-            "host": self.host,
-            "pid": self.pid,
-            "lease_left": self.lease_left,
-            "fence": self.fence,
-            "queued": self.queued,
-            "info": self.info,
-        }
-
-    def cells(self) -> tuple[str, ...]:
-        """The row as table cells (``-`` where nothing is known)."""
-        if self.kind == "classic":
-            what = "(classic timestamp)"
-        elif self.kind == "foreign":
-            what = "(foreign value)"
-        else:
-            what = self.task or _text(self.info.get("text")) or "-"
-        where = self.host or "-"
-        if self.pid is not None:
-            where = f"{where}/{self.pid}"
-        lease = f"{self.lease_left:.1f}s" if self.lease_left is not None else "expired"
-        return (
-            self.key,
-            self.task_id or "-",
-            what,
-            where,
-            lease,
-            str(self.fence) if self.fence is not None else "-",
-            "yes" if self.queued else "no",
-        )
-
-
-_HEADINGS = ("KEY", "TASK ID", "TASK", "HOST/PID", "LEASE LEFT", "FENCE", "QUEUED")
-
-
-def _text(value: object) -> str | None:
-    """A holder-info field as text, None when absent."""
-    return None if value is None else str(value)
-
-
-def _info(value: LockValue) -> dict[str, Any]:
-    """The holder info of a value whose lease has ended (as ``Holder.info`` reads it)."""
-    if not value.info:
-        return {}
-    try:
-        info = json.loads(value.info)
-    except ValueError:
-        return {"text": value.info}
-    return info if isinstance(info, dict) else {"text": value.info}
-
-
-def lock_row(key: str, raw: bytes | str, ttl_ms: int, now_ms: int) -> LockRow:
-    """The row of one lock key from its value, its PTTL and the server time; never raises."""
-    value = parse_value(raw)
-    if value.expiry_ms is None:
-        kind = "foreign"
-    elif value.classic:
-        kind = "classic"
-    else:
-        kind = "lock"
-    holder: Holder | None = value.holder(now_ms, ttl_ms if ttl_ms >= 0 else None)
-    if holder is None:
-        return LockRow(key, kind, held=False, lease_left=None, fence=value.fence, info=_info(value))
-    remaining = holder.remaining_ms
-    return LockRow(
-        key,
-        kind,
-        held=True,
-        lease_left=round(remaining / 1000, 3) if remaining is not None else None,
-        fence=holder.fence,
-        info=holder.info,
-    )
-
-
-def read_locks(client: LockClient, pattern: str, *, foreign: bool = True) -> list[LockRow]:
-    """Every string key matching ``pattern`` as a row, sorted by key.
-
-    Each SCAN page is read with TIME and one pipeline (GET and PTTL per key). Keys that
-    are not strings (the waiters' signal lists) are skipped, as are keys deleted meanwhile
-    and, unless ``foreign``, values that are neither ours nor a classic timestamp.
-    """
-    rows: list[LockRow] = []
-    for page in _scan(client, pattern):
-        # TIME on its own: Redis Cluster pipelines refuse keyless commands (there it is one
-        # node's clock, close enough for a listing).
-        seconds, micros = client.time()
-        now_ms = int(seconds) * 1000 + int(micros) // 1000
-        pipe = client.pipeline(transaction=False)
-        for key in page:
-            pipe.get(key)
-            pipe.pttl(key)
-        replies = pipe.execute(raise_on_error=False)
-        for index, key in enumerate(page):
-            raw, ttl = replies[2 * index], replies[1 + 2 * index]
-            if raw is None or isinstance(raw, redis.ResponseError):
-                continue  # gone since SCAN, or not a string (WRONGTYPE): not a lock
-            if isinstance(raw, Exception):
-                raise raw
-            row = lock_row(_decode(key), raw, ttl if isinstance(ttl, int) else -1, now_ms)
-            if foreign or row.kind != "foreign":
-                rows.append(row)
-    rows.sort(key=lambda row: row.key)
-    return rows
 
 
 def _table(rows: Sequence[tuple[str, ...]]) -> list[str]:
@@ -352,7 +173,7 @@ def list_locks(ctx: click.Context, as_json: bool, pattern: str | None) -> None:
     summary = f"{held} held" + (f", {len(rows) - held} expired" if len(rows) > held else "")
     click.echo(f"Locks matching {match!r} on {safe_url(settings.url)}: {summary}")
     if rows:
-        for line in _table([_HEADINGS, *(row.cells() for row in rows)]):
+        for line in _table([HEADINGS, *(row.cells() for row in rows)]):
             click.echo(line)
 
 
@@ -372,14 +193,6 @@ def _confirm(what: str, keys: Sequence[str], url: str) -> None:
     )
 
 
-def _companion(key: str) -> str | None:
-    """The waiters' signal list of lock ``key``, None when it cannot have one."""
-    try:
-        return companion_key(key, SIGNAL_SUFFIX)
-    except ValueError:
-        return None
-
-
 def _clear_given(client: LockClient, settings: Settings, keys: Sequence[str], yes: bool) -> None:
     """Delete the named locks and their signal lists, after checking each is a lock.
 
@@ -390,7 +203,7 @@ def _clear_given(client: LockClient, settings: Settings, keys: Sequence[str], ye
     pipe = client.pipeline(transaction=False)
     for key in unique:
         pipe.type(key)
-    types = [_decode(kind) for kind in pipe.execute()]
+    types = [decode_key(kind) for kind in pipe.execute()]
     under_prefix = f"{settings.prefix}:"
     refused = [
         f"{key!r} is a {kind}"
@@ -410,25 +223,14 @@ def _clear_given(client: LockClient, settings: Settings, keys: Sequence[str], ye
         return
     if not yes:
         _confirm(_plural(len(present), "lock"), present, settings.url)
-    pipe = client.pipeline(transaction=False)
-    for key in present:
-        pipe.delete(key)
-        signal = _companion(key)
-        if signal is not None:
-            pipe.delete(signal)
-    replies = iter(pipe.execute())
-    cleared = 0
-    for key in present:
-        cleared += int(next(replies))
-        if _companion(key) is not None:
-            next(replies)
+    cleared = delete_locks(client, present)
     click.echo(f"Cleared {_plural(cleared, 'lock')}.")
 
 
 def _clear_all(client: LockClient, settings: Settings, yes: bool) -> None:
     """Delete every key under the prefix: locks and their signal lists."""
     pattern = prefix_pattern(settings.prefix)
-    found = [_decode(key) for page in _scan(client, pattern) for key in page]
+    found = [decode_key(key) for page in scan_pages(client, pattern) for key in page]
     found.sort()
     if not found:
         click.echo(f"No keys match {pattern!r}; nothing to clear.")
@@ -541,16 +343,16 @@ def key_for(ctx: click.Context, task_name: str, args_json: str, kwargs_json: str
     args = _json_param(args_json, list, "ARGS_JSON", "'[\"sku-1\", 7]'")
     kwargs = _json_param(kwargs_json, dict, "KWARGS_JSON", '\'{"sku": "sku-1"}\'')
     app = _app(ctx)
-    settings = _settings(app)
+    _settings(app)
     app.loader.import_default_modules()
     if task_name not in app.tasks:
         raise _unknown_task(app, task_name)
     task = app.tasks[task_name]
     try:
-        options = options_for(task)
+        locking = locking_for(task)
     except ImproperlyConfigured as exc:
         raise click.ClickException(_one_line(str(exc))) from exc
-    if options is None:
+    if locking is None:
         raise click.ClickException(
             f"task {task_name!r} is not locked: it is not a LockedTask and no "
             "singleton_lock_tasks glob matches it"
@@ -565,7 +367,7 @@ def key_for(ctx: click.Context, task_name: str, args_json: str, kwargs_json: str
     except ValueError:
         pass  # no introspectable signature: keys.py binds what it can
     try:
-        key = task_lock_key(settings.prefix, task.name, task.run, args, kwargs, options.keys)
+        key = locking.key(args, kwargs)
     except Exception as exc:  # a user's lock_keys callable may raise anything
         raise click.ClickException(
             f"lock_keys of task {task_name!r} raised {type(exc).__name__}: {_one_line(str(exc))}"

@@ -7,6 +7,7 @@ prefork pool process) never reuses its parent's sockets: the cache is keyed by P
 from __future__ import annotations
 
 import os
+import re
 import threading
 import weakref
 from typing import Any
@@ -16,10 +17,31 @@ import redis
 from redis.cluster import RedisCluster
 from redis.sentinel import Sentinel
 
-__all__ = ["LockClient", "client_from_url", "redis_for"]
+from celery_singleton_lock._redis import LockClient
 
-#: What the lock runs on: a single Redis (direct or through Sentinel) or a Redis Cluster.
-LockClient = redis.Redis | RedisCluster
+__all__ = [
+    "REDIS_URL_SCHEMES",
+    "LockClient",
+    "client_from_url",
+    "mask_url",
+    "redis_for",
+    "url_error",
+    "url_scheme",
+]
+
+#: URL schemes the lock's Redis may use (and a broker URL must use to be borrowed).
+REDIS_URL_SCHEMES = (
+    "redis",
+    "rediss",
+    "unix",
+    "redis+socket",
+    "sentinel",
+    "redis+cluster",
+    "rediss+cluster",
+)
+_MASK = "**"
+# user:password@ inside the authority of a URL, however malformed the rest is.
+_CREDENTIALS = re.compile(r"(//[^/@]*?:)[^@/]*@")
 
 _cache: weakref.WeakKeyDictionary[Any, tuple[int, str, LockClient]] = weakref.WeakKeyDictionary()
 _guard = threading.Lock()
@@ -33,6 +55,39 @@ _CLIENT_OPTIONS: dict[str, Any] = {
 
 
 _CLUSTER_OPTIONS: dict[str, Any] = {"socket_connect_timeout": 5.0, "socket_keepalive": True}
+
+
+def url_scheme(url: str) -> str:
+    """The lowercased scheme of a URL, ``""`` when it has none."""
+    head, sep, _ = url.partition("://")
+    return head.strip().lower() if sep else ""
+
+
+def mask_url(url: object) -> str:
+    """``url`` with every password replaced by ``**``: each part of a ``;``-separated
+    multi-host or Sentinel URL, and malformed URLs too (never raises)."""
+    text = str(url)
+    return ";".join(_CREDENTIALS.sub(rf"\1{_MASK}@", part) for part in text.split(";"))
+
+
+def url_error(url: object) -> str | None:
+    """Why ``url`` cannot be the lock's Redis URL, or None when it can: a known scheme, a
+    parsable host and a port in range for every ``;``-separated part."""
+    if not isinstance(url, str) or not url.strip():
+        return "must be a Redis URL string"
+    schemes = ", ".join(f"{scheme}://" for scheme in REDIS_URL_SCHEMES)
+    for raw in url.split(";"):
+        part = raw.strip()
+        if url_scheme(part) not in REDIS_URL_SCHEMES:
+            return f"must be a Redis URL ({schemes})"
+        try:
+            parsed = urlsplit(part)
+            port = parsed.port
+        except ValueError:
+            return "has a malformed host or port"
+        if port is not None and not 0 < port < 65536:
+            return "has a port outside 1-65535"
+    return None
 
 
 def client_from_url(url: str, master_name: str | None = None) -> LockClient:

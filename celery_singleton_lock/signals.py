@@ -1,7 +1,8 @@
 """Celery signal receivers that release locks at the end of every run, however it ends.
 
-Connected once per process (``dispatch_uid``) when the package is imported; the Celery CLI
-imports it through the ``celery.commands`` entry point, so workers and beat always have them.
+They are connected by :func:`connect` (once per process, ``dispatch_uid``), which
+:func:`.integration.setup` calls when an app is set up; importing this module connects
+nothing.
 """
 
 from __future__ import annotations
@@ -10,20 +11,21 @@ import logging
 from typing import Any
 
 from celery import signals
-from celery._state import connect_on_app_finalize
 from celery.exceptions import TimeLimitExceeded, WorkerLostError
 
-from celery_singleton_lock.task import install, release_after_run, release_for_lost_run
+from celery_singleton_lock.runtime import release_after_run, release_for_lost_run
 
 __all__ = ["connect"]
 
 log = logging.getLogger("celery_singleton_lock.signals")
 
 
-def _on_postrun(task_id: str | None = None, state: str | None = None, **_: Any) -> None:
+def _on_postrun(
+    sender: Any = None, task_id: str | None = None, state: str | None = None, **_: Any
+) -> None:
     """Every run ends here (Celery sends it from a ``finally``): release its lock."""
-    if task_id:
-        release_after_run(task_id, state)
+    if sender is not None and task_id:
+        release_after_run(sender, task_id, state)
 
 
 def _on_revoked(sender: Any = None, request: Any = None, **_: Any) -> None:
@@ -58,28 +60,8 @@ def _on_failure(
         log.exception("could not release the lock of lost task %s", task_id)
 
 
-def _on_start(sender: Any = None, **_: Any) -> None:
-    """Worker or beat start: lock the tasks listed in ``singleton_lock_tasks``."""
-    app = getattr(sender, "app", None)
-    if app is not None:
-        install(app)
-
-
-def _on_app_finalize(app: Any) -> None:
-    app.on_after_finalize.connect(
-        lambda sender=None, **_: install(sender or app), weak=False,
-        dispatch_uid="celery_singleton_lock.install",
-    )  # fmt: skip
-
-
 def connect() -> None:
     """Connect every receiver (idempotent)."""
     signals.task_postrun.connect(_on_postrun, weak=False, dispatch_uid="csl.postrun")
     signals.task_revoked.connect(_on_revoked, weak=False, dispatch_uid="csl.revoked")
     signals.task_failure.connect(_on_failure, weak=False, dispatch_uid="csl.failure")
-    signals.worker_init.connect(_on_start, weak=False, dispatch_uid="csl.worker_init")
-    signals.beat_init.connect(_on_start, weak=False, dispatch_uid="csl.beat_init")
-    connect_on_app_finalize(_on_app_finalize)
-
-
-connect()

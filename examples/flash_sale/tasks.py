@@ -26,8 +26,6 @@ import redis
 from celery import Celery, signals
 
 from celery_singleton_lock import LockedTask, current_lock
-from celery_singleton_lock.config import settings_for
-from celery_singleton_lock.keys import task_lock_key
 from examples.flash_sale.celeryconfig import NAMESPACE, REDIS_URL
 
 #: Time between reading the stock and writing it back: the window in which an unlocked
@@ -119,10 +117,7 @@ def _before(
     if task.name == buy.name:
         # The run is about to ask for its lock: if the key exists, another purchase of this
         # SKU holds it and this one will wait (a release in between is rare and harmless).
-        lock_key = task_lock_key(
-            settings_for(app).prefix, buy.name, buy.run, tuple(args or ()), dict(kwargs or {}),
-            buy.lock_keys,
-        )  # fmt: skip
+        lock_key = buy.lock_key(*(args or ()), **(kwargs or {}))
         if store().exists(lock_key):
             store().incr(key(PHASE_OF[buy.name], "waits"))
 

@@ -22,8 +22,9 @@ import pytest
 import redis
 from celery._state import _set_current_app, get_current_app
 
-from celery_singleton_lock.config import Settings
+from celery_singleton_lock.config import read_settings
 from celery_singleton_lock.keys import task_lock_key
+from celery_singleton_lock.options import Settings
 from celery_singleton_lock.testing import RedisServer
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -196,7 +197,7 @@ def test_the_all_settings_block_spells_out_the_defaults(redis_url: str) -> None:
         if block.path == "README.md" and "singleton_lock_scripting=" in block.code
     ]
     app = run_block(block)["app"]
-    documented = Settings.from_conf(app.conf)
+    documented = read_settings(app.conf)
     defaults = Settings()
     for name in (
         "prefix",

@@ -2,23 +2,45 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
+
 import redis
 
 from celery_singleton_lock import RedisLock
+from celery_singleton_lock._plain import PlainProtocol
 from celery_singleton_lock._value import format_value
 
 
-class Interleaved(RedisLock):
-    """A plain-mode lock that lets a rival act at a named step, once."""
+class Stepping(PlainProtocol):
+    """The plain protocol, letting a rival act at a named step, once."""
 
-    def __init__(self, *args: object, at: str, rival: object, **kwargs: object) -> None:
-        super().__init__(*args, scripting=False, **kwargs)  # type: ignore[arg-type]
-        self.at, self.rival, self.done = at, rival, False
+    at = ""
+    rival: Callable[[], Any] = staticmethod(lambda: None)
+    done = False
 
-    def _step(self, where: str) -> None:
+    def step(self, where: str) -> None:
         if where == self.at and not self.done:
             self.done = True
-            self.rival()  # type: ignore[operator]
+            self.rival()
+
+
+def Interleaved(  # noqa: N802 - reads like the lock class it builds
+    client: redis.Redis,
+    key: str,
+    *,
+    at: str,
+    rival: Callable[[], Any] | None,
+    protocol: type[Stepping] = Stepping,
+    **kwargs: Any,
+) -> RedisLock:
+    """A plain-mode lock whose protocol lets ``rival`` act at step ``at``."""
+    lock = RedisLock(client, key, scripting=False, **kwargs)
+    stepping = protocol(lock.client, lock.name, lock.signal_key, lock.holder_info)
+    stepping.at = at
+    stepping.rival = rival or (lambda: None)  # type: ignore[method-assign]
+    lock.protocol = stepping
+    return lock
 
 
 def _stale(client: redis.Redis, key: str) -> None:
@@ -75,15 +97,15 @@ def test_fence_stays_ahead_of_a_hold_that_fit_between_time_and_setnx(
         rival_tokens.append(rival.fencing_token or 0)
         rival.release()
 
-    class Late(Interleaved):
-        def _server_time(self) -> tuple[int, int]:
-            reading = super()._server_time()
+    class Late(Stepping):
+        def server_time(self) -> tuple[int, int]:
+            reading = super().server_time()
             if not self.done:
                 self.done = True
                 rival_hold()  # between our TIME and our SETNX
             return reading
 
-    lock = Late(client, key, timeout=10, at="never", rival=None)
+    lock = Interleaved(client, key, timeout=10, at="never", rival=None, protocol=Late)
     assert lock.acquire(blocking=False)
     assert rival_tokens
     assert (lock.fencing_token or 0) > rival_tokens[0]

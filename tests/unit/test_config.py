@@ -15,19 +15,11 @@ from celery import Celery
 from celery.exceptions import ImproperlyConfigured
 
 from celery_singleton_lock import config
-from celery_singleton_lock.config import (
-    CONFLICT_POLICIES,
-    DEFAULT_PREFIX,
-    DEFAULT_TIMEOUT,
-    DEFAULT_URL,
-    DEFAULT_WAIT,
-    SCOPES,
-    LockOptions,
-    Settings,
-    clear_settings,
-    settings_for,
-    validate_task_options,
-)
+from celery_singleton_lock.config import DEFAULT_URL, clear_settings, read_settings, settings_for
+from celery_singleton_lock.options import LockOptions, Settings, validate_task_options
+
+DEFAULT_TIMEOUT = LockOptions().timeout
+DEFAULT_WAIT = LockOptions().wait
 
 
 @pytest.fixture
@@ -54,28 +46,7 @@ def _no_env_broker(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("CELERY_RESULT_BACKEND", raising=False)
 
 
-# -------------------------------------------------------------------- defaults
-
-
-def test_defaults() -> None:
-    """An empty configuration gives the documented defaults."""
-    settings = Settings.from_conf({})
-    assert settings == Settings(
-        url=DEFAULT_URL,
-        prefix=DEFAULT_PREFIX,
-        timeout=DEFAULT_TIMEOUT,
-        on_conflict="skip",
-        scope="run",
-        renew=True,
-        wait=DEFAULT_WAIT,
-        retry_delay=None,
-        tasks=(),
-        fail_open=False,
-        scripting=True,
-    )
-    assert (DEFAULT_PREFIX, DEFAULT_TIMEOUT, DEFAULT_WAIT) == ("csl", 30.0, 60.0)
-    assert CONFLICT_POLICIES == ("skip", "wait", "retry", "raise")
-    assert SCOPES == ("run", "queue")
+# -------------------------------------------------------------------- reading
 
 
 def test_every_setting_is_read(make_app: Any) -> None:
@@ -106,7 +77,7 @@ def test_every_setting_is_read(make_app: Any) -> None:
 
 def test_settings_are_frozen() -> None:
     """Neither the settings nor their per-glob options can be changed after validation."""
-    settings = Settings.from_conf({"singleton_lock_tasks": {"a.*": {"lock_timeout": 1}}})
+    settings = read_settings({"singleton_lock_tasks": {"a.*": {"lock_timeout": 1}}})
     with pytest.raises(dataclasses.FrozenInstanceError):
         settings.timeout = 1.0  # type: ignore[misc]
     options = settings.tasks[0][1]
@@ -116,8 +87,8 @@ def test_settings_are_frozen() -> None:
 
 def test_infinite_wait_means_no_limit() -> None:
     """singleton_lock_wait=math.inf is read as None (wait forever)."""
-    assert Settings.from_conf({"singleton_lock_wait": math.inf}).wait is None
-    assert Settings.from_conf({"singleton_lock_wait": 0}).wait == 0.0
+    assert read_settings({"singleton_lock_wait": math.inf}).wait is None
+    assert read_settings({"singleton_lock_wait": 0}).wait == 0.0
 
 
 # ----------------------------------------------------------------- bad values
@@ -158,14 +129,14 @@ def test_infinite_wait_means_no_limit() -> None:
 def test_bad_values_name_the_setting(setting: str, value: Any) -> None:
     """Every bad setting raises ImproperlyConfigured whose message starts with its name."""
     with pytest.raises(ImproperlyConfigured) as info:
-        Settings.from_conf({setting: value})
+        read_settings({setting: value})
     assert str(info.value).startswith(setting)
 
 
 def test_unknown_task_option_is_named() -> None:
     """A typo in a singleton_lock_tasks entry names the entry and the unknown option."""
     with pytest.raises(ImproperlyConfigured) as info:
-        Settings.from_conf({"singleton_lock_tasks": {"billing.*": {"lock_timout": 5}}})
+        read_settings({"singleton_lock_tasks": {"billing.*": {"lock_timout": 5}}})
     message = str(info.value)
     assert message.startswith("singleton_lock_tasks['billing.*']: unknown option 'lock_timout'")
     assert "lock_timeout" in message
@@ -174,13 +145,13 @@ def test_unknown_task_option_is_named() -> None:
 def test_bad_task_option_value_is_named() -> None:
     """A bad value inside a singleton_lock_tasks entry names the entry and the option."""
     with pytest.raises(ImproperlyConfigured, match=r"^singleton_lock_tasks\['a\.\*'\]: lock_scope"):
-        Settings.from_conf({"singleton_lock_tasks": {"a.*": {"lock_scope": "global"}}})
+        read_settings({"singleton_lock_tasks": {"a.*": {"lock_scope": "global"}}})
 
 
 def test_url_password_is_masked_in_errors() -> None:
     """A rejected URL is quoted in the error without its password."""
     with pytest.raises(ImproperlyConfigured) as info:
-        Settings.from_conf({"singleton_lock_url": "http://user:hunter2@host/"})
+        read_settings({"singleton_lock_url": "http://user:hunter2@host/"})
     assert "hunter2" not in str(info.value)
 
 
@@ -209,7 +180,7 @@ def test_url_password_is_masked_in_errors() -> None:
 def test_url_default(make_app: Any, conf: dict[str, Any], expected: str) -> None:
     """The lock URL is explicit, else a Redis broker, else a Redis result backend, else local."""
     assert settings_for(make_app(**conf)).url == expected
-    assert Settings.from_conf(conf).url == expected
+    assert read_settings(conf).url == expected
 
 
 def test_url_follows_the_broker_environment_variable(
@@ -268,9 +239,9 @@ def test_django_namespace_errors_use_the_written_name() -> None:
 )
 def test_plain_mappings_accept_every_spelling(name: str) -> None:
     """A plain mapping may spell a setting lowercase, uppercase or CELERY_-prefixed."""
-    assert Settings.from_conf({name: 3}).timeout == 3.0
+    assert read_settings({name: 3}).timeout == 3.0
     with pytest.raises(ImproperlyConfigured, match=f"^{name} must be"):
-        Settings.from_conf({name: -3})
+        read_settings({name: -3})
 
 
 # ------------------------------------------------------------------ options_for
@@ -278,13 +249,13 @@ def test_plain_mappings_accept_every_spelling(name: str) -> None:
 
 def test_options_for_plain_task_without_match_is_none() -> None:
     """A task that is not a LockedTask and matches no glob is not locked."""
-    settings = Settings.from_conf({"singleton_lock_tasks": {"billing.*": {}}})
+    settings = read_settings({"singleton_lock_tasks": {"billing.*": {}}})
     assert settings.options_for("shop.buy", None) is None
 
 
 def test_options_for_locked_task_uses_defaults() -> None:
     """A LockedTask without overrides gets the settings' defaults."""
-    settings = Settings.from_conf({"singleton_lock_timeout": 9, "singleton_lock_renew": False})
+    settings = read_settings({"singleton_lock_timeout": 9, "singleton_lock_renew": False})
     assert settings.options_for("shop.buy", {}) == LockOptions(
         keys=None,
         timeout=9.0,
@@ -298,7 +269,7 @@ def test_options_for_locked_task_uses_defaults() -> None:
 
 def test_options_for_precedence() -> None:
     """Task overrides beat the first matching glob, which beats the settings defaults."""
-    settings = Settings.from_conf(
+    settings = read_settings(
         {
             "singleton_lock_on_conflict": "raise",
             "singleton_lock_tasks": {
@@ -321,14 +292,14 @@ def test_options_for_precedence() -> None:
 
 def test_options_for_globs_are_case_sensitive() -> None:
     """Globs match with fnmatchcase, so case matters on every platform."""
-    settings = Settings.from_conf({"singleton_lock_tasks": {"Billing.*": {}}})
+    settings = read_settings({"singleton_lock_tasks": {"Billing.*": {}}})
     assert settings.options_for("billing.x", None) is None
     assert settings.options_for("Billing.x", None) is not None
 
 
 def test_options_for_ignores_none_overrides_except_lock_keys() -> None:
     """A None task attribute means "not set", except lock_keys=None meaning every argument."""
-    settings = Settings.from_conf(
+    settings = read_settings(
         {"singleton_lock_tasks": {"a.*": {"lock_keys": ["x"], "lock_wait": 5}}}
     )
     options = settings.options_for(
@@ -342,7 +313,7 @@ def test_options_for_ignores_none_overrides_except_lock_keys() -> None:
 
 def test_explicit_none_in_a_glob_entry_waits_forever() -> None:
     """lock_wait=None written in singleton_lock_tasks means wait without limit."""
-    settings = Settings.from_conf({"singleton_lock_tasks": {"a.*": {"lock_wait": None}}})
+    settings = read_settings({"singleton_lock_tasks": {"a.*": {"lock_wait": None}}})
     options = settings.options_for("a.b", None)
     assert options is not None
     assert options.wait is None
@@ -350,7 +321,7 @@ def test_explicit_none_in_a_glob_entry_waits_forever() -> None:
 
 def test_options_for_validates_overrides() -> None:
     """A bad task attribute raises ImproperlyConfigured naming the task and the option."""
-    settings = Settings.from_conf({})
+    settings = read_settings({})
     with pytest.raises(ImproperlyConfigured, match=r"^task 'shop\.buy': lock_on_conflict"):
         settings.options_for("shop.buy", {"lock_on_conflict": "panic"})
     with pytest.raises(ImproperlyConfigured, match="unknown option 'lock_scop'"):
@@ -363,7 +334,7 @@ def test_options_for_callable_keys_pass_through() -> None:
     def chooser(args: tuple[Any, ...], kwargs: dict[str, Any]) -> str:
         return "x"
 
-    options = Settings.from_conf({}).options_for("t", {"lock_keys": chooser})
+    options = read_settings({}).options_for("t", {"lock_keys": chooser})
     assert options is not None
     assert options.keys is chooser
 
@@ -467,14 +438,14 @@ def test_settings_for_is_thread_safe(make_app: Any, monkeypatch: pytest.MonkeyPa
     """Many threads asking at once build the settings exactly once."""
     app = make_app()
     calls: list[int] = []
-    original = Settings.from_conf.__func__  # type: ignore[attr-defined]
+    original = config.read_settings
     start = threading.Barrier(16)
 
-    def counting(cls: type[Settings], conf: Any) -> Settings:
+    def counting(conf: Any, hidden: Any = None) -> Settings:
         calls.append(1)
-        return original(cls, conf)  # type: ignore[no-any-return]
+        return original(conf, hidden)
 
-    monkeypatch.setattr(Settings, "from_conf", classmethod(counting))
+    monkeypatch.setattr(config, "read_settings", counting)
     results: list[Settings] = []
 
     def worker() -> None:
@@ -505,7 +476,7 @@ def test_queue_timeout_setting_and_option() -> None:
     """singleton_lock_queue_timeout sets the queued lease (default 1 h); a task's or a
     glob's lock_queue_timeout overrides it; non-positive values name the setting."""
     assert Settings().queue_timeout == 3600.0
-    settings = Settings.from_conf(
+    settings = read_settings(
         {
             "singleton_lock_queue_timeout": 120,
             "singleton_lock_tasks": {"reports.*": {"lock_queue_timeout": 30}},
@@ -516,6 +487,6 @@ def test_queue_timeout_setting_and_option() -> None:
     assert settings.options_for("shop.buy", {"lock_queue_timeout": 5}).queue_timeout == 5.0  # type: ignore[union-attr]
     assert settings.options_for("shop.buy", {}).queue_timeout == 120.0  # type: ignore[union-attr]
     with pytest.raises(ImproperlyConfigured, match="singleton_lock_queue_timeout"):
-        Settings.from_conf({"singleton_lock_queue_timeout": 0})
+        read_settings({"singleton_lock_queue_timeout": 0})
     with pytest.raises(ImproperlyConfigured, match="lock_queue_timeout"):
         Settings().options_for("shop.buy", {"lock_queue_timeout": -1})

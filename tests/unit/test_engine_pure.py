@@ -1,4 +1,4 @@
-"""Pure pieces of the engine: value parsing, GETSET outcomes, hash slots, exceptions."""
+"""Pure pieces of the engine: value parsing, hash slots, exceptions."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from redis.crc import key_slot
 from celery_singleton_lock import LockBackendError, LockError, LockNotOwned, TaskLocked
 from celery_singleton_lock._value import format_value, parse_value
 from celery_singleton_lock.exceptions import SingletonLockError
-from celery_singleton_lock.lock import companion_key, getset_won
+from celery_singleton_lock.lock import companion_key
 
 
 @given(st.binary(max_size=200))
@@ -45,15 +45,6 @@ def test_classic_values_are_read_as_expiry_timestamps() -> None:
     assert parse_value(b"1700000000.5").expiry_ms == 1_700_000_000_500
     assert parse_value(b"1700000000").classic
     assert parse_value(b"-5").expiry_ms is None
-
-
-def test_getset_outcomes() -> None:
-    """GETSET nil or the stale value we saw means we won; a live foreign value means we lost."""
-    stale = format_value(1000, False, "a", 1, "").encode()
-    live = format_value(9000, False, "b", 2, "").encode()
-    assert getset_won(None, stale, now_ms=5000)
-    assert getset_won(stale, stale, now_ms=5000)
-    assert not getset_won(live, stale, now_ms=5000)
 
 
 @pytest.mark.parametrize("name", ["orders:sku-42", "{lock_goods}:300", "a{b", "x"])

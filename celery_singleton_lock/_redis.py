@@ -1,0 +1,58 @@
+"""Small helpers every Redis-facing module shares: the client type, the server clock,
+error mapping and the client's socket timeout. Imports only redis-py."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, TypeVar, cast
+
+import redis
+from redis.cluster import RedisCluster
+
+from celery_singleton_lock.exceptions import LockBackendError
+
+__all__ = ["LockClient", "call", "server_time", "socket_timeout", "time_reply"]
+
+#: What a lock runs on: a single Redis (direct or through Sentinel) or a Redis Cluster.
+LockClient = redis.Redis | RedisCluster
+
+_T = TypeVar("_T")
+
+
+def time_reply(reply: Any) -> tuple[int, int]:
+    """A ``TIME`` reply ``[seconds, microseconds]`` as (milliseconds, microseconds)."""
+    seconds, micros = int(reply[0]), int(reply[1])
+    return seconds * 1000 + micros // 1000, seconds * 1_000_000 + micros
+
+
+def server_time(client: LockClient, key: str | None = None) -> tuple[int, int]:
+    """The Redis server's clock as (milliseconds, microseconds).
+
+    On a Redis Cluster the clock is read from the node that owns ``key`` (the one whose
+    clock the lock's scripts use), or from a default node without a key.
+    """
+    if isinstance(client, RedisCluster):
+        if key is None:
+            return time_reply(client.time())
+        node = cast("Any", client).get_node_from_key(key)  # untyped in redis-py
+        return time_reply(client.time(target_nodes=node))
+    return time_reply(client.time())
+
+
+def call(name: str, func: Callable[..., _T], *args: Any, **kwargs: Any) -> _T:
+    """Run one Redis call for lock ``name``, turning redis-py errors into LockBackendError."""
+    try:
+        return func(*args, **kwargs)
+    except (redis.RedisError, redis.exceptions.RedisClusterException) as exc:
+        raise LockBackendError(f"Redis error: {exc}", name) from exc
+
+
+def socket_timeout(client: LockClient) -> float | None:
+    """The read timeout of ``client``'s connections in seconds, None when unbounded."""
+    if isinstance(client, RedisCluster):  # RedisCluster keeps the node options itself
+        kwargs = cast("Any", client).get_connection_kwargs() or {}  # untyped in redis-py
+    else:
+        pool = getattr(client, "connection_pool", None)
+        kwargs = getattr(pool, "connection_kwargs", {}) or {}
+    value = kwargs.get("socket_timeout")
+    return float(value) if value else None

@@ -1,0 +1,271 @@
+"""Reading and clearing lock keys: what ``celery locks`` and ``clear_locks`` share.
+
+Keys are found with SCAN (never KEYS) and read against the Redis server's clock. Clearing
+deletes only values this package wrote (and their waiters' signal lists), so a glob that
+is too broad cannot remove broker data or a classic locker's keys.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import redis
+
+from celery_singleton_lock._redis import LockClient
+from celery_singleton_lock._value import Holder, LockValue, parse_value
+from celery_singleton_lock.client import redis_for
+from celery_singleton_lock.config import settings_for
+from celery_singleton_lock.lock import companion_key
+
+if TYPE_CHECKING:
+    from celery import Celery
+
+__all__ = [
+    "HEADINGS",
+    "LockRow",
+    "clear_locks",
+    "decode_key",
+    "delete_locks",
+    "lock_row",
+    "prefix_pattern",
+    "read_locks",
+    "scan_pages",
+    "signal_key_of",
+]
+
+#: Keys asked for per SCAN call, and keys read or deleted per pipeline.
+SCAN_COUNT = 500
+#: Suffix of the waiters' signal list that sits next to every lock key.
+SIGNAL_SUFFIX = "signal"
+_GLOB_SPECIAL = re.compile(r"([\\*?\[\]])")
+
+
+def _glob_escape(text: str) -> str:
+    """``text`` as a literal inside a Redis glob pattern."""
+    return _GLOB_SPECIAL.sub(r"\\\1", text)
+
+
+def prefix_pattern(prefix: str) -> str:
+    """The SCAN pattern of every key under ``prefix`` (``prefix:*``, glob-escaped)."""
+    return f"{_glob_escape(prefix)}:*"
+
+
+def decode_key(key: bytes | str) -> str:
+    """A key as text; bytes that are not UTF-8 are shown escaped."""
+    return key.decode("utf-8", "backslashreplace") if isinstance(key, bytes) else key
+
+
+def scan_pages(client: LockClient, pattern: str) -> Iterator[list[bytes | str]]:
+    """Pages of the keys matching ``pattern`` (SCAN on every node of a cluster; each key
+    once)."""
+    seen: set[bytes | str] = set()
+    page: list[bytes | str] = []
+    for key in client.scan_iter(match=pattern, count=SCAN_COUNT):
+        if key in seen:
+            continue
+        seen.add(key)
+        page.append(key)
+        if len(page) >= SCAN_COUNT:
+            yield page
+            page = []
+    if page:
+        yield page
+
+
+@dataclass(frozen=True)
+class LockRow:
+    """One lock key as ``locks list`` shows it.
+
+    ``kind`` is ``"lock"`` (written by this package), ``"classic"`` (a plain expiry
+    timestamp from a SETNX locker in another language) or ``"foreign"`` (any other
+    string; held while the key has a TTL). ``lease_left`` is in seconds, None when free.
+    """
+
+    key: str
+    kind: str
+    held: bool
+    lease_left: float | None
+    fence: int | None
+    info: dict[str, Any]
+
+    @property
+    def task_id(self) -> str | None:
+        return _text(self.info.get("task_id"))
+
+    @property
+    def task(self) -> str | None:
+        return _text(self.info.get("task"))
+
+    @property
+    def host(self) -> str | None:
+        return _text(self.info.get("host"))
+
+    @property
+    def pid(self) -> int | None:
+        pid = self.info.get("pid")
+        return pid if isinstance(pid, int) and not isinstance(pid, bool) else None
+
+    @property
+    def queued(self) -> bool:
+        return self.info.get("queued") is True
+
+    def as_json(self) -> dict[str, Any]:
+        """The row as a JSON object (``--json``)."""
+        return {
+            "key": self.key,
+            "kind": self.kind,
+            "held": self.held,
+            "task_id": self.task_id,
+            "task": self.task,
+            "host": self.host,
+            "pid": self.pid,
+            "lease_left": self.lease_left,
+            "fence": self.fence,
+            "queued": self.queued,
+            "info": self.info,
+        }
+
+    def cells(self) -> tuple[str, ...]:
+        """The row as table cells (``-`` where nothing is known)."""
+        if self.kind == "classic":
+            what = "(classic timestamp)"
+        elif self.kind == "foreign":
+            what = "(foreign value)"
+        else:
+            what = self.task or _text(self.info.get("text")) or "-"
+        where = self.host or "-"
+        if self.pid is not None:
+            where = f"{where}/{self.pid}"
+        lease = f"{self.lease_left:.1f}s" if self.lease_left is not None else "expired"
+        return (
+            self.key,
+            self.task_id or "-",
+            what,
+            where,
+            lease,
+            str(self.fence) if self.fence is not None else "-",
+            "yes" if self.queued else "no",
+        )
+
+
+HEADINGS = ("KEY", "TASK ID", "TASK", "HOST/PID", "LEASE LEFT", "FENCE", "QUEUED")
+
+
+def _text(value: object) -> str | None:
+    """A holder-info field as text, None when absent."""
+    return None if value is None else str(value)
+
+
+def _info(value: LockValue) -> dict[str, Any]:
+    """The holder info of a value whose lease has ended (as ``Holder.info`` reads it)."""
+    if not value.info:
+        return {}
+    try:
+        info = json.loads(value.info)
+    except ValueError:
+        return {"text": value.info}
+    return info if isinstance(info, dict) else {"text": value.info}
+
+
+def lock_row(key: str, raw: bytes | str, ttl_ms: int, now_ms: int) -> LockRow:
+    """The row of one lock key from its value, its PTTL and the server time; never raises."""
+    value = parse_value(raw)
+    if value.expiry_ms is None:
+        kind = "foreign"
+    elif value.classic:
+        kind = "classic"
+    else:
+        kind = "lock"
+    holder: Holder | None = value.holder(now_ms, ttl_ms if ttl_ms >= 0 else None)
+    if holder is None:
+        return LockRow(key, kind, held=False, lease_left=None, fence=value.fence, info=_info(value))
+    remaining = holder.remaining_ms
+    return LockRow(
+        key,
+        kind,
+        held=True,
+        lease_left=round(remaining / 1000, 3) if remaining is not None else None,
+        fence=holder.fence,
+        info=holder.info,
+    )
+
+
+def read_locks(client: LockClient, pattern: str, *, foreign: bool = True) -> list[LockRow]:
+    """Every string key matching ``pattern`` as a row, sorted by key.
+
+    Each SCAN page is read with TIME and one pipeline (GET and PTTL per key). Keys that
+    are not strings (the waiters' signal lists) are skipped, as are keys deleted meanwhile
+    and, unless ``foreign``, values that are neither ours nor a classic timestamp.
+    """
+    rows: list[LockRow] = []
+    for page in scan_pages(client, pattern):
+        # TIME on its own: Redis Cluster pipelines refuse keyless commands (there it is one
+        # node's clock, close enough for a listing).
+        seconds, micros = client.time()
+        now_ms = int(seconds) * 1000 + int(micros) // 1000
+        pipe = client.pipeline(transaction=False)
+        for key in page:
+            pipe.get(key)
+            pipe.pttl(key)
+        replies = pipe.execute(raise_on_error=False)
+        for index, key in enumerate(page):
+            raw, ttl = replies[2 * index], replies[1 + 2 * index]
+            if raw is None or isinstance(raw, redis.ResponseError):
+                continue  # gone since SCAN, or not a string (WRONGTYPE): not a lock
+            if isinstance(raw, Exception):
+                raise raw
+            row = lock_row(decode_key(key), raw, ttl if isinstance(ttl, int) else -1, now_ms)
+            if foreign or row.kind != "foreign":
+                rows.append(row)
+    rows.sort(key=lambda row: row.key)
+    return rows
+
+
+def signal_key_of(key: str) -> str | None:
+    """The waiters' signal list of lock ``key``, None when it cannot have one."""
+    try:
+        return companion_key(key, SIGNAL_SUFFIX)
+    except ValueError:
+        return None
+
+
+def delete_locks(client: LockClient, keys: Sequence[str]) -> int:
+    """Delete the given lock keys and their signal lists; returns how many locks went.
+
+    One DEL per key, so keys in different Redis Cluster slots are fine.
+    """
+    cleared = 0
+    for start in range(0, len(keys), SCAN_COUNT):
+        batch = keys[start : start + SCAN_COUNT]
+        pipe = client.pipeline(transaction=False)
+        for key in batch:
+            pipe.delete(key)
+            signal = signal_key_of(key)
+            if signal is not None:
+                pipe.delete(signal)
+        replies = iter(pipe.execute())
+        for key in batch:
+            cleared += int(next(replies))
+            if signal_key_of(key) is not None:
+                next(replies)
+    return cleared
+
+
+def clear_locks(app: Celery, pattern: str = "*") -> int:
+    """Remove this app's locks whose key matches the glob ``pattern``; return how many.
+
+    ``pattern`` is matched below ``singleton_lock_prefix`` (``"orders.*"`` means
+    ``<prefix>:orders.*``; a pattern that already starts with the prefix is taken as is).
+    Only values this package wrote are deleted, with their signal lists: other keys under
+    the prefix, and everything outside it, are never touched.
+    """
+    settings = settings_for(app)
+    under = f"{settings.prefix}:"
+    glob = pattern if pattern.startswith(under) else prefix_pattern(settings.prefix)[:-1] + pattern
+    client = redis_for(app, settings.url)
+    ours = [row.key for row in read_locks(client, glob, foreign=False) if row.kind == "lock"]
+    return delete_locks(client, ours)

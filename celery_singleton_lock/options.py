@@ -1,0 +1,412 @@
+"""The one table of lock options and settings: every name, default, check and doc line.
+
+Each option is one dataclass field carrying its parser and its documentation; everything else
+is derived from these two classes: task attributes (``lock_<name>``), per-call overrides
+through ``apply_async``, ``singleton_lock_tasks`` entries, the ``singleton_lock_<name>``
+settings and their Django spellings, validation with "did you mean" for unknown names, and the
+configuration reference in the docs (:func:`reference_markdown`). Adding an option is one field
+here plus its behaviour.
+
+``LockOptions`` holds what a task may set for itself; ``Settings`` adds what only the app can
+set and doubles as the app-wide defaults of every ``LockOptions`` field.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import fnmatch
+import math
+import numbers
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Any
+
+from celery.exceptions import ImproperlyConfigured
+
+from celery_singleton_lock.client import mask_url, url_error
+
+__all__ = [
+    "CONFLICT_POLICIES",
+    "MIN_TIMEOUT",
+    "SCOPES",
+    "SETTING_PREFIX",
+    "TASK_OPTION_PREFIX",
+    "LockOptions",
+    "Settings",
+    "did_you_mean",
+    "reference_markdown",
+    "setting_names",
+    "task_option_names",
+    "validate_task_options",
+]
+
+CONFLICT_POLICIES = ("skip", "wait", "retry", "raise")
+SCOPES = ("run", "queue")
+#: Task attributes, per-call options and ``singleton_lock_tasks`` entries start with this.
+TASK_OPTION_PREFIX = "lock_"
+#: Every app setting starts with this (Django: ``CELERY_`` + the upper-case name).
+SETTING_PREFIX = "singleton_lock_"
+#: Leases must be longer than this many seconds.
+MIN_TIMEOUT = 0.0
+
+KeysOption = tuple[str, ...] | Callable[[tuple[Any, ...], dict[str, Any]], Any] | None
+Parser = Callable[[Any, str], Any]
+
+
+# ----------------------------------------------------------------------- parsers
+# Each takes (value, where) and returns the normalised value or raises
+# ImproperlyConfigured whose message starts with ``where`` (the name as the user wrote it).
+
+
+def _is_number(value: object) -> bool:
+    """A real number that is not a bool (``True`` is an int, but never a duration)."""
+    return isinstance(value, numbers.Real) and not isinstance(value, bool)
+
+
+def _seconds(*, minimum: float, inclusive: bool, inf_is_none: bool = False) -> Parser:
+    """A finite number of seconds above ``minimum``; ``math.inf`` as None where allowed."""
+
+    def parse(value: Any, where: str) -> float | None:
+        if _is_number(value):
+            number = float(value)
+            if inf_is_none and number == math.inf:
+                return None
+            if math.isfinite(number) and (number >= minimum if inclusive else number > minimum):
+                return number
+        bound = f">= {minimum:g}" if inclusive else f"> {minimum:g}"
+        raise ImproperlyConfigured(
+            f"{where} must be a finite number of seconds {bound}, got {value!r}"
+        )
+
+    return parse
+
+
+def _flag(value: Any, where: str) -> bool:
+    """A real bool: strings like ``"false"`` are truthy, so they are refused."""
+    if isinstance(value, bool):
+        return value
+    raise ImproperlyConfigured(f"{where} must be True or False, got {value!r}")
+
+
+def _choice(choices: tuple[str, ...]) -> Parser:
+    def parse(value: Any, where: str) -> str:
+        if isinstance(value, str) and value in choices:
+            return value
+        allowed = ", ".join(repr(choice) for choice in choices)
+        raise ImproperlyConfigured(f"{where} must be one of {allowed}, got {value!r}")
+
+    return parse
+
+
+def _keys(value: Any, where: str) -> KeysOption:
+    """``None``, a callable, or a list/tuple of parameter names (returned as a tuple).
+
+    Whether the names exist is checked against the task's signature by the task layer,
+    which knows the function.
+    """
+    if value is None or callable(value):
+        return value  # type: ignore[no-any-return]
+    if isinstance(value, (list, tuple)) and all(isinstance(name, str) for name in value):
+        return tuple(value)
+    hint = " (wrap a single name in a list: ['name'])" if isinstance(value, str) else ""
+    raise ImproperlyConfigured(
+        f"{where} must be None, a callable (args, kwargs) -> str, or a list/tuple of "
+        f"parameter names, got {value!r}{hint}"
+    )
+
+
+def _url(value: Any, where: str) -> str | None:
+    """A Redis URL whose scheme the lock's client understands; None: derive it."""
+    if value is None:
+        return None
+    problem = url_error(value)
+    if problem is None:
+        return str(value)
+    raise ImproperlyConfigured(f"{where}: {problem}, got {mask_url(value)!r}")
+
+
+def _prefix(value: Any, where: str) -> str:
+    """A non-empty key prefix without braces (a brace would move the Cluster hash tag),
+    whitespace or unprintable characters."""
+    if (
+        isinstance(value, str)
+        and value
+        and not any(ch in "{}" or ch.isspace() or not ch.isprintable() for ch in value)
+    ):
+        return value
+    raise ImproperlyConfigured(
+        f"{where} must be a non-empty string without braces or whitespace, got {value!r}"
+    )
+
+
+def _tasks(value: Any, where: str) -> tuple[tuple[str, Mapping[str, Any]], ...]:
+    """``{glob: {lock_*: value}}`` (or a list of ``(glob, options)`` pairs), in order."""
+    if value is None:
+        return ()
+    if isinstance(value, Mapping):
+        pairs = list(value.items())
+    elif isinstance(value, (list, tuple)) and all(
+        isinstance(pair, (list, tuple)) and len(pair) == 2 for pair in value
+    ):
+        pairs = [(pair[0], pair[1]) for pair in value]
+    else:
+        raise ImproperlyConfigured(
+            f"{where} must be a mapping of task-name glob to options, "
+            f'e.g. {{"billing.*": {{"lock_keys": ["invoice_id"]}}}}, got {value!r}'
+        )
+    result: list[tuple[str, Mapping[str, Any]]] = []
+    for pattern, options in pairs:
+        if not isinstance(pattern, str) or not pattern:
+            raise ImproperlyConfigured(
+                f"{where}: keys must be task-name globs (non-empty str), got {pattern!r}"
+            )
+        label = f"{where}[{pattern!r}]"
+        result.append((pattern, MappingProxyType(validate_task_options(options, label))))
+    return tuple(result)
+
+
+# ------------------------------------------------------------------------- table
+
+
+def _option(
+    default: Any,
+    parse: Parser,
+    doc: str,
+    *,
+    values: str,
+    setting: bool = True,
+    none_is_value: bool = False,
+) -> Any:
+    """One row of the table. ``setting``: also an app-wide ``singleton_lock_*`` setting.
+    ``none_is_value``: None is a real value (else, on a task, it means "not set")."""
+    return field(
+        default=default,
+        metadata={
+            "parse": parse,
+            "doc": doc,
+            "values": values,
+            "setting": setting,
+            "none_is_value": none_is_value,
+        },
+    )
+
+
+@dataclass(frozen=True)
+class LockOptions:
+    """The effective lock options of one task: its own attributes, else the first matching
+    ``singleton_lock_tasks`` glob, else the app's settings."""
+
+    keys: KeysOption = _option(
+        None, _keys,
+        "What identifies \"the same work\": None = every argument (bound to the signature), "
+        "a list of parameter names, () = the task name only, or a callable (args, kwargs) -> str.",
+        values="None, list of names, (), callable", setting=False, none_is_value=True,
+    )  # fmt: skip
+    timeout: float = _option(
+        30.0, _seconds(minimum=MIN_TIMEOUT, inclusive=False),
+        "The lease in seconds; renewed while the body runs, so a crashed worker's lock frees "
+        "within one lease.",
+        values=f"seconds > {MIN_TIMEOUT:g}",
+    )  # fmt: skip
+    renew: bool = _option(
+        True, _flag, "Keep extending the lease while the body runs.", values="True, False"
+    )
+    on_conflict: str = _option(
+        "skip", _choice(CONFLICT_POLICIES),
+        "What a run does when another holds the lock: skip it, wait (at most lock_wait), "
+        "retry after lock_retry_delay, or raise TaskLocked.",
+        values=", ".join(CONFLICT_POLICIES),
+    )  # fmt: skip
+    scope: str = _option(
+        "run", _choice(SCOPES),
+        "run: held while the body executes; queue: taken at apply_async and held until that "
+        "run ends, so a duplicate call publishes nothing.",
+        values=", ".join(SCOPES),
+    )  # fmt: skip
+    wait: float | None = _option(
+        60.0, _seconds(minimum=0, inclusive=True, inf_is_none=True),
+        "Longest wait of the wait policy before TaskLocked; None or math.inf waits forever.",
+        values="seconds >= 0, None", none_is_value=True,
+    )  # fmt: skip
+    retry_delay: float | None = _option(
+        None, _seconds(minimum=0, inclusive=True),
+        "Countdown of the retry policy; None picks the holder's remaining lease plus jitter.",
+        values="seconds >= 0, None", none_is_value=True,
+    )  # fmt: skip
+    queue_timeout: float = _option(
+        3600.0, _seconds(minimum=MIN_TIMEOUT, inclusive=False),
+        "Queue scope: the lease of the lock while its message waits in the queue (nobody "
+        "renews it there).",
+        values=f"seconds > {MIN_TIMEOUT:g}",
+    )  # fmt: skip
+
+
+@dataclass(frozen=True)
+class Settings(LockOptions):
+    """Every ``singleton_lock_*`` setting of one app, validated: the app-only settings below,
+    and the defaults of every :class:`LockOptions` field inherited above.
+
+    ``tasks`` keeps the ``singleton_lock_tasks`` entries in the user's order as ``(glob,
+    validated options)``; the first glob matching a task name applies.
+    """
+
+    url: str = _option(
+        "redis://localhost:6379/0", _url,
+        "The lock Redis. Default: the broker URL if it is redis/rediss, else the result "
+        "backend's if Redis, else redis://localhost:6379/0.",
+        values="redis://, rediss://, unix://, redis+socket://, sentinel://, redis+cluster:// URL",
+        none_is_value=True,
+    )  # fmt: skip
+    prefix: str = _option(
+        "csl", _prefix, "Prefix of every lock key: <prefix>:<task name>:{<digest>}.",
+        values="string without braces or whitespace",
+    )  # fmt: skip
+    tasks: tuple[tuple[str, Mapping[str, Any]], ...] = _option(
+        (), _tasks,
+        "Locks tasks that do not use base=LockedTask: a mapping of task-name glob to lock_* "
+        "options, e.g. {\"billing.*\": {\"lock_keys\": [\"invoice_id\"]}}.",
+        values="mapping of glob -> options",
+    )  # fmt: skip
+    fail_open: bool = _option(
+        False, _flag,
+        "With the lock Redis unreachable: False retries the task later (never runs it "
+        "unlocked); True runs it unlocked and logs loudly.",
+        values="True, False",
+    )  # fmt: skip
+    scripting: bool = _option(
+        True, _flag,
+        "False uses plain SETNX/GET/GETSET commands instead of Lua scripts (servers where "
+        "EVAL is disabled).",
+        values="True, False",
+    )  # fmt: skip
+    #: Where ``url`` came from: the setting's name as written, ``broker_url``,
+    #: ``result_backend`` or ``default`` (logged at worker start).
+    url_origin: str = field(default="default", compare=False)
+    _matches: dict[str, int | None] = field(
+        default_factory=dict, init=False, repr=False, compare=False
+    )
+
+    def task_defaults(self) -> LockOptions:
+        """The :class:`LockOptions` part of these settings."""
+        return LockOptions(**{f.name: getattr(self, f.name) for f in _fields(LockOptions)})
+
+    def _matching(self, task_name: str) -> Mapping[str, Any] | None:
+        """The options of the first ``tasks`` glob matching ``task_name`` (memoised)."""
+        if not self.tasks:
+            return None
+        try:
+            index = self._matches[task_name]
+        except KeyError:
+            index = next(
+                (
+                    position
+                    for position, (pattern, _) in enumerate(self.tasks)
+                    if fnmatch.fnmatchcase(task_name, pattern)
+                ),
+                None,
+            )
+            self._matches[task_name] = index
+        return None if index is None else self.tasks[index][1]
+
+    def locks_task(self, task_name: str) -> bool:
+        """Whether a ``singleton_lock_tasks`` glob matches ``task_name``."""
+        return self._matching(task_name) is not None
+
+    def options_for(
+        self, task_name: str, overrides: Mapping[str, Any] | None
+    ) -> LockOptions | None:
+        """The effective options of one task, or None when it is not locked at all.
+
+        ``overrides`` are the task's own ``lock_*`` attributes (None for a task that is not a
+        ``LockedTask``); a None value counts as unset except for ``lock_keys``, which the
+        caller passes only when set. Precedence: overrides, then the first matching
+        ``singleton_lock_tasks`` glob, then these settings.
+        """
+        matched = self._matching(task_name)
+        if overrides is None and matched is None:
+            return None
+        merged: dict[str, Any] = dict(matched or {})
+        if overrides:
+            given = {
+                name: value
+                for name, value in overrides.items()
+                if value is not None or name == "lock_keys"
+            }
+            merged.update(validate_task_options(given, f"task {task_name!r}"))
+        defaults = self.task_defaults()
+        return dataclasses.replace(
+            defaults, **{name.removeprefix(TASK_OPTION_PREFIX): v for name, v in merged.items()}
+        )
+
+
+def _fields(cls: type[LockOptions]) -> Iterator[dataclasses.Field[Any]]:
+    """The table rows of ``cls`` (private bookkeeping fields have no parser)."""
+    return (f for f in dataclasses.fields(cls) if "parse" in f.metadata)
+
+
+def task_option_names() -> tuple[str, ...]:
+    """``lock_keys``, ``lock_timeout``, … : the names a task, a call or a glob entry may set."""
+    return tuple(TASK_OPTION_PREFIX + f.name for f in _fields(LockOptions))
+
+
+def setting_names() -> tuple[str, ...]:
+    """``singleton_lock_url``, … : every app setting, in table order."""
+    return tuple(SETTING_PREFIX + f.name for f in _fields(Settings) if f.metadata["setting"])
+
+
+def setting_fields() -> Iterator[dataclasses.Field[Any]]:
+    """The fields of :class:`Settings` that are app settings."""
+    return (f for f in _fields(Settings) if f.metadata["setting"])
+
+
+def did_you_mean(name: str, known: tuple[str, ...]) -> str:
+    """``"did you mean 'x'?"`` for the closest known name, else the list of known names."""
+    close = difflib.get_close_matches(name.lower(), known, n=1, cutoff=0.6)
+    return f"did you mean {close[0]!r}?" if close else "known: " + ", ".join(known)
+
+
+def validate_task_options(options: Mapping[str, Any], where: str) -> dict[str, Any]:
+    """Validate ``lock_*`` options (of a task, a call or a glob entry); return them normalised.
+
+    ``where`` prefixes every message, e.g. ``"singleton_lock_tasks['billing.*']"``. An unknown
+    name (a typo such as ``lock_timout``) is an error with a suggestion. None means "not set"
+    (dropped from the result) except where it is a value of its own (``lock_keys``: every
+    argument; ``lock_wait``: forever; ``lock_retry_delay``: automatic).
+    """
+    if not isinstance(options, Mapping):
+        raise ImproperlyConfigured(f"{where} must be a mapping of lock_* options, got {options!r}")
+    rows = {TASK_OPTION_PREFIX + f.name: f for f in _fields(LockOptions)}
+    result: dict[str, Any] = {}
+    for name, value in options.items():
+        row = rows.get(name)
+        if row is None:
+            hint = did_you_mean(str(name), tuple(rows))
+            raise ImproperlyConfigured(f"{where}: unknown option {name!r} ({hint})")
+        if value is None:
+            if row.metadata["none_is_value"]:
+                result[name] = None
+            continue
+        result[name] = row.metadata["parse"](value, f"{where}: {name}")
+    return result
+
+
+def reference_markdown() -> str:
+    """The configuration reference table of the docs, generated from this table."""
+    lines = [
+        "| task option | setting | default | values | meaning |",
+        "|---|---|---|---|---|",
+    ]
+    for row in _fields(Settings):
+        task_name = f"`{TASK_OPTION_PREFIX}{row.name}`" if row.name in _names(LockOptions) else "—"
+        setting = f"`{SETTING_PREFIX}{row.name}`" if row.metadata["setting"] else "—"
+        default = row.default if row.default is not dataclasses.MISSING else None
+        shown = "derived" if row.name == "url" else f"`{default!r}`"
+        doc = row.metadata["doc"].replace("|", "\\|")
+        lines.append(f"| {task_name} | {setting} | {shown} | {row.metadata['values']} | {doc} |")
+    return "\n".join(lines) + "\n"
+
+
+def _names(cls: type[LockOptions]) -> set[str]:
+    return {f.name for f in _fields(cls)}

@@ -1,0 +1,446 @@
+"""What happens when a locked task runs or is published; shared by ``LockedTask`` and by
+tasks locked through ``singleton_lock_tasks``.
+
+Run scope takes the lock just before the body and releases it when the run ends. Queue scope
+takes it in ``apply_async`` with an owner token derived from the task id, so the run of that
+very message (and its retries) owns it, and a duplicate call publishes nothing. Everything a
+task needs for this (its options, the app's settings, the Redis client) is resolved once per
+task and app (:func:`locking_for`); the lock a run holds lives on that run's request.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import inspect
+import json
+import logging
+import os
+import random
+import socket
+from collections.abc import Callable, Mapping
+from contextvars import ContextVar
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from celery.exceptions import ImproperlyConfigured
+from celery.utils import uuid
+
+from celery_singleton_lock.client import LockClient, redis_for
+from celery_singleton_lock.config import settings_for
+from celery_singleton_lock.exceptions import LockBackendError, LockNotOwned, TaskLocked
+from celery_singleton_lock.keys import check_lock_keys, task_lock_key
+from celery_singleton_lock.lock import RedisLock
+from celery_singleton_lock.options import (
+    TASK_OPTION_PREFIX,
+    LockOptions,
+    Settings,
+    validate_task_options,
+)
+
+if TYPE_CHECKING:
+    from celery import Task
+    from celery.result import AsyncResult
+
+    AnyTask = Task[Any, Any]
+    AnyResult = AsyncResult[Any]
+else:
+    AnyTask = Any
+    AnyResult = Any
+
+__all__ = [
+    "HEADER_KEY",
+    "LOCKED_MARKER",
+    "TaskLocking",
+    "current_lock",
+    "lock_key_method",
+    "locked_apply_async",
+    "locked_call",
+    "locking_for",
+    "release_after_run",
+    "release_for_lost_run",
+]
+
+log = logging.getLogger("celery_singleton_lock.task")
+
+#: Class attribute that marks a task class whose own ``lock_*`` attributes count.
+LOCKED_MARKER = "__singleton_lock__"
+#: Methods of locked tasks whose names look like options.
+TASK_METHODS = frozenset({"lock_key"})
+#: Options of the packages people migrate from, refused on a LockedTask with a pointer.
+FOREIGN_OPTIONS = {
+    "unique_on": "celery-singleton's name: use lock_keys, or compat.singleton.Singleton",
+    "raise_on_duplicate": "celery-singleton's name: use lock_on_conflict='raise'",
+    "lock_expiry": "celery-singleton's name: use lock_timeout",
+    "once": "celery-once's option: use lock_* options, or compat.once.QueueOnce",
+}
+#: Class attribute of a task class listing the foreign options it understands (the compat
+#: base classes).
+FOREIGN_ALLOWED = "singleton_lock_foreign_options"
+#: Message header carrying the ``lock_*`` options given to one call.
+HEADER_OPTIONS = "singleton_lock_options"
+#: Message header that carries a queue-scope lock's key from the producer to the run.
+HEADER_KEY = "singleton_lock_key"
+#: Attribute of a run's request (Celery's ``Context``) that holds the lock it took.
+_REQUEST_ATTR = "singleton_lock"
+#: The automatic countdown of a retry never goes below this many seconds.
+_MIN_COUNTDOWN = 0.5
+#: Retries after a Redis outage wait at most this long (seconds) before trying again.
+_OUTAGE_COUNTDOWN = 5.0
+_HOST = socket.gethostname()
+
+_current: ContextVar[RedisLock | None] = ContextVar("singleton_lock_current", default=None)
+
+
+def current_lock() -> RedisLock | None:
+    """The lock held by the task running in this thread or context, or None."""
+    return _current.get()
+
+
+def queue_token(task_id: str) -> str:
+    """The owner token of a queue-scope lock: a function of the task id alone, so the
+    producer, the run and every retry of that message are the same owner."""
+    if ":" in task_id or not task_id:
+        return "q-" + hashlib.sha256(task_id.encode()).hexdigest()[:32]
+    return "q-" + task_id
+
+
+@dataclass(frozen=True)
+class TaskLocking:
+    """Everything one task needs to lock its calls, resolved once per task and app."""
+
+    task_name: str
+    func: Callable[..., Any]
+    settings: Settings
+    options: LockOptions
+
+    def key(self, args: Any, kwargs: Any) -> str:
+        """The lock key of a call with these arguments."""
+        return task_lock_key(
+            self.settings.prefix, self.task_name, self.func, tuple(args or ()),
+            dict(kwargs or {}), self.options.keys,
+        )  # fmt: skip
+
+    def with_call_options(self, given: Mapping[str, Any]) -> TaskLocking:
+        """This task's locking with the ``lock_*`` options of one call applied."""
+        if not given:
+            return self
+        changes = {name.removeprefix(TASK_OPTION_PREFIX): value for name, value in given.items()}
+        return dataclasses.replace(self, options=dataclasses.replace(self.options, **changes))
+
+    def client(self, app: Any) -> LockClient:
+        """The lock Redis client of ``app`` in this process."""
+        return redis_for(app, self.settings.url)
+
+    def new_lock(self, app: Any, key: str, task_id: str, *, queued: bool = False) -> RedisLock:
+        """The RedisLock a run (or, with ``queued``, a publish) of the task uses for ``key``."""
+        info: dict[str, Any] = {
+            "task_id": task_id, "task": self.task_name, "host": _HOST, "pid": os.getpid(),
+        }  # fmt: skip
+        if queued:
+            info["queued"] = True
+        options = self.options
+        return RedisLock(
+            self.client(app),
+            key,
+            timeout=options.queue_timeout if queued else options.timeout,
+            auto_renew=options.renew and not queued,
+            scripting=self.settings.scripting,
+            token=queue_token(task_id) if options.scope == "queue" else None,
+            holder_info=json.dumps(info, sort_keys=True, separators=(",", ":")),
+        )
+
+
+def own_options(task: AnyTask) -> dict[str, Any] | None:
+    """The ``lock_*`` attributes a ``LockedTask`` set for itself, typos included so that
+    validation can name them (None for a task that is not a ``LockedTask``)."""
+    cls = type(task)
+    if not getattr(cls, LOCKED_MARKER, False):
+        return None
+    for name, hint in FOREIGN_OPTIONS.items():
+        if name not in getattr(cls, FOREIGN_ALLOWED, ()) and name in dir(cls):
+            raise ImproperlyConfigured(f"task {task.name!r}: unknown option {name!r} ({hint})")
+    own: dict[str, Any] = {}
+    for name in dir(cls):
+        if name.startswith(TASK_OPTION_PREFIX) and name not in TASK_METHODS:
+            value = inspect.getattr_static(cls, name)
+            own[name] = value.__func__ if isinstance(value, staticmethod) else value
+    if own.get("lock_keys") is None:
+        own.pop("lock_keys", None)
+    return own
+
+
+def locking_for(task: AnyTask) -> TaskLocking | None:
+    """How ``task`` locks (None when it is not locked); validated on first use and cached on
+    the task until the app's settings are re-read, so a bad option is reported before any
+    body runs."""
+    settings = settings_for(task.app)
+    cached = task.__dict__.get("_singleton_lock")
+    if cached is not None and cached[0] is settings:
+        return cached[1]  # type: ignore[no-any-return]
+    options = settings.options_for(task.name, own_options(task))
+    locking = None
+    if options is not None:
+        try:
+            check_lock_keys(task.run, options.keys)
+        except ValueError as exc:
+            raise ImproperlyConfigured(f"lock_keys of task {task.name!r}: {exc}") from exc
+        locking = TaskLocking(task.name, task.run, settings, options)
+    task.__dict__["_singleton_lock"] = (settings, locking)
+    return locking
+
+
+def lock_key(task: AnyTask, args: Any, kwargs: Any) -> str:
+    """The full Redis key a call of ``task`` with these arguments locks."""
+    locking = locking_for(task)
+    if locking is None:
+        raise ImproperlyConfigured(
+            f"task {task.name!r} is not locked: it is not a LockedTask and no "
+            "singleton_lock_tasks glob matches it"
+        )
+    return locking.key(args, kwargs)
+
+
+def lock_key_method(self: AnyTask, *args: Any, **kwargs: Any) -> str:
+    """The full Redis key that a call with these arguments locks (the same string on the
+    producer and in the worker). Installed as ``task.lock_key`` on every locked task."""
+    return lock_key(self, args, kwargs)
+
+
+def _header(request: Any, name: str) -> Any:
+    """A header of the message being run, wherever Celery put it (a worker makes headers
+    request attributes; an eager run keeps them in ``request.headers``)."""
+    value = getattr(request, name, None)
+    if value is None:
+        headers = getattr(request, "headers", None) or {}
+        value = headers.get(name)
+    return value
+
+
+def _header_key(request: Any) -> str | None:
+    """The queue-scope key carried by the message."""
+    value = _header(request, HEADER_KEY)
+    return str(value) if value else None
+
+
+def pop_call_options(task_name: str, options: dict[str, Any]) -> dict[str, Any]:
+    """Take the ``lock_*`` options out of one call's ``apply_async`` options, validated
+    (an unknown name is ImproperlyConfigured with a suggestion)."""
+    given = {
+        name: options.pop(name) for name in list(options) if name.startswith(TASK_OPTION_PREFIX)
+    }
+    if not given:
+        return {}
+    if callable(given.get("lock_keys")):
+        raise ImproperlyConfigured(
+            f"task {task_name!r}: a per-call lock_keys must be a list of parameter names "
+            "(a callable cannot travel with the message)"
+        )
+    return validate_task_options(given, f"apply_async of task {task_name!r}")
+
+
+def _run_locking(task: AnyTask, request: Any) -> TaskLocking | None:
+    """How this run locks: the task's locking with the options its message carries."""
+    locking = locking_for(task)
+    if locking is None:
+        return None
+    carried = _header(request, HEADER_OPTIONS)
+    if not carried:
+        return locking
+    return locking.with_call_options(
+        validate_task_options(carried, f"message options of task {task.name!r}")
+    )
+
+
+# -- running ---------------------------------------------------------------------------
+
+
+def locked_call(task: AnyTask, args: tuple[Any, ...], kwargs: dict[str, Any], call: Any) -> Any:
+    """Run the body of ``task`` under its lock (``call`` is the unlocked ``__call__``)."""
+    request = task.request
+    if request.called_directly:
+        return call(*args, **kwargs)  # a plain function call, not a task run: no lock
+    locking = _run_locking(task, request)
+    if locking is None:
+        return call(*args, **kwargs)
+    options = locking.options
+    key = (_header_key(request) if options.scope == "queue" else None) or locking.key(args, kwargs)
+    task_id = str(request.id)
+    lock = locking.new_lock(task.app, key, task_id)
+    try:
+        if options.on_conflict == "wait":
+            acquired = lock.acquire(blocking=True, timeout=options.wait)
+        else:
+            acquired = lock.acquire(blocking=False)
+    except LockBackendError as exc:
+        if locking.settings.fail_open:
+            log.warning(
+                "singleton lock unavailable for %s[%s] (%s): running UNLOCKED because "
+                "singleton_lock_fail_open is set", task.name, request.id, exc,
+            )  # fmt: skip
+            return task.run(*args, **kwargs)
+        log.error("singleton lock unavailable for %s[%s]: %s; retrying", task.name, request.id, exc)
+        countdown = _jitter(min(_OUTAGE_COUNTDOWN, options.timeout))
+        raise task.retry(exc=exc, countdown=countdown) from exc
+    if not acquired and not _reclaim_from_dead_delivery(task, lock):
+        return _on_conflict(task, lock, key, options)
+    setattr(request, _REQUEST_ATTR, (lock, options))
+    context = _current.set(lock)
+    try:
+        return task.run(*args, **kwargs)
+    finally:
+        _current.reset(context)
+
+
+def _jitter(seconds: float) -> float:
+    return seconds * (1 + random.uniform(0, 0.25))
+
+
+def _process_gone(pid: object) -> bool:
+    """Whether ``pid`` names no live process on this host."""
+    if not isinstance(pid, int) or pid <= 0:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    except PermissionError:
+        return False
+    return False
+
+
+def _reclaim_from_dead_delivery(task: AnyTask, lock: RedisLock) -> bool:
+    """Take the lock over from an earlier delivery of this very message whose process died
+    holding it (acks_late + reject_on_worker_lost requeues without any failure signal):
+    only when the holder is this task id, on this host, in a process that no longer exists."""
+    holder = lock.holder()
+    if holder is None or holder.task_id != task.request.id or holder.token is None:
+        return False
+    if holder.info.get("host") != _HOST or not _process_gone(holder.info.get("pid")):
+        return False
+    dead = RedisLock(lock.client, lock.name, token=holder.token, scripting=lock.scripting)
+    try:
+        dead.release()
+    except LockNotOwned:
+        return False
+    log.warning(
+        "%s[%s]: took over the lock its dead earlier delivery held", task.name, task.request.id
+    )
+    return lock.acquire(blocking=False)
+
+
+def _on_conflict(task: AnyTask, lock: RedisLock, key: str, options: LockOptions) -> Any:
+    """Apply the conflict policy when another run holds ``key``."""
+    holder = lock.holder()
+    holder_id = holder.task_id if holder else None
+    if holder is not None and holder_id == task.request.id:
+        # An earlier delivery of this same message still holds it (alive elsewhere, or not
+        # provably dead): skipping would drop the work, so come back when its lease ends.
+        left = (holder.remaining_ms or 1000) / 1000
+        raise task.retry(
+            exc=TaskLocked(key, holder_id), countdown=_jitter(max(left, _MIN_COUNTDOWN))
+        )
+    if options.on_conflict == "skip":
+        log.info("%s[%s] skipped: %s is held by %s", task.name, task.request.id, key, holder_id)
+        return None
+    if options.on_conflict == "retry":
+        if options.retry_delay is not None:
+            countdown = options.retry_delay
+        else:
+            left = (holder.remaining_ms or 1000) / 1000 if holder else 1.0
+            countdown = _jitter(min(max(left, _MIN_COUNTDOWN), options.timeout))
+        raise task.retry(exc=TaskLocked(key, holder_id), countdown=countdown)
+    raise TaskLocked(key, holder_id)  # "raise", and "wait" that timed out
+
+
+def release_after_run(task: AnyTask, task_id: str, state: str | None) -> None:
+    """Release the lock the current run of ``task`` took (from ``task_postrun``)."""
+    request = task.request
+    entry = getattr(request, _REQUEST_ATTR, None)
+    if entry is None:
+        return
+    setattr(request, _REQUEST_ATTR, None)
+    lock, options = entry
+    if state == "RETRY" and options.scope == "queue":
+        lock.detach()  # the retried message owns it now (same token); apply_async set its lease
+        return
+    try:
+        lock.release()
+    except LockNotOwned:
+        log.warning("lock %s of task %s had expired before the run ended", lock.name, task_id)
+    except LockBackendError as exc:
+        log.error("could not release lock %s of task %s: %s", lock.name, task_id, exc)
+
+
+def release_for_lost_run(task: AnyTask, task_id: str, args: Any, kwargs: Any, request: Any) -> bool:
+    """Release the lock held by a run that can no longer release it (its process died,
+    or it was revoked): only if the holder recorded in Redis is that very task id."""
+    locking = _run_locking(task, request)
+    if locking is None:
+        return False
+    key = _header_key(request) or locking.key(args, kwargs)
+    probe = locking.new_lock(task.app, key, task_id)
+    holder = probe.holder()
+    if holder is None or holder.task_id != task_id or holder.token is None:
+        return False
+    owner = RedisLock(probe.client, key, token=holder.token, scripting=locking.settings.scripting)
+    try:
+        owner.release()
+    except LockNotOwned:
+        return False
+    log.warning("released lock %s of lost or revoked task %s[%s]", key, task.name, task_id)
+    return True
+
+
+# -- publishing ------------------------------------------------------------------------
+
+
+def locked_apply_async(
+    task: AnyTask, publish: Callable[..., AnyResult], args: Any, kwargs: Any, **options: Any
+) -> AnyResult:
+    """``apply_async`` for queue scope: take the lock, then publish; a duplicate publishes
+    nothing and gets the holder's AsyncResult (or TaskLocked under ``raise``)."""
+    locking = locking_for(task)
+    if locking is None:
+        return publish(args, kwargs, **options)
+    given = pop_call_options(task.name, options)
+    if given:
+        locking = locking.with_call_options(given)
+        headers = dict(options.pop("headers", None) or {})
+        headers[HEADER_OPTIONS] = {
+            name: list(value) if isinstance(value, tuple) else value
+            for name, value in given.items()
+        }
+        options["headers"] = headers
+    if locking.options.scope != "queue":
+        return publish(args, kwargs, **options)
+    task_id = options.pop("task_id", None) or uuid()
+    key = locking.key(args, kwargs)
+    running = current_lock()
+    if running is not None and running.name == key and running.token == queue_token(task_id):
+        running.detach()  # self.retry(): hand the lock over to the retried message
+    lock = locking.new_lock(task.app, key, task_id, queued=True)
+    try:
+        acquired = lock.acquire(blocking=False)
+    except LockBackendError:
+        if not locking.settings.fail_open:
+            raise
+        log.warning("singleton lock unavailable: publishing %s[%s] unlocked", task.name, task_id)
+        return publish(args, kwargs, task_id=task_id, **options)
+    if not acquired:
+        holder = lock.holder()
+        holder_id = holder.task_id if holder else None
+        if locking.options.on_conflict == "raise" or holder_id is None:
+            raise TaskLocked(key, holder_id)
+        log.info("%s not published: %s is queued or running as %s", task.name, key, holder_id)
+        return task.AsyncResult(holder_id)
+    headers = dict(options.pop("headers", None) or {})
+    headers[HEADER_KEY] = key
+    try:
+        return publish(args, kwargs, task_id=task_id, headers=headers, **options)
+    except BaseException:
+        try:
+            lock.release()
+        except Exception:  # the publish error is the one to report
+            log.exception("could not release %s after a failed publish", key)
+        raise
