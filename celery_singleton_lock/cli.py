@@ -27,8 +27,10 @@ from celery._state import get_current_app
 from celery.bin.base import CeleryCommand, CeleryOption, CLIContext, handle_preload_options
 from celery.exceptions import CeleryCommandException, ImproperlyConfigured
 from celery.platforms import EX_UNAVAILABLE
-from kombu.utils.url import maybe_sanitize_url
 
+# Celery loads every ``celery.commands`` entry point for any sub-command, so importing
+# ``integration`` here wires config-locked tasks in ``celery worker``/``beat`` processes.
+from celery_singleton_lock import integration  # noqa: F401
 from celery_singleton_lock._redis import LockClient
 from celery_singleton_lock.admin import (
     HEADINGS,
@@ -40,7 +42,7 @@ from celery_singleton_lock.admin import (
     read_locks,
     scan_pages,
 )
-from celery_singleton_lock.client import redis_for
+from celery_singleton_lock.client import mask_url, redis_for
 from celery_singleton_lock.config import settings_for
 from celery_singleton_lock.options import Settings
 from celery_singleton_lock.runtime import locking_for
@@ -76,17 +78,6 @@ def _one_line(text: str) -> str:
     return " ".join(text.split())
 
 
-def safe_url(url: str) -> str:
-    """``url`` with its password masked; each part of a ``;``-separated sentinel URL too."""
-    parts = []
-    for part in url.split(";"):
-        try:
-            parts.append(maybe_sanitize_url(part.strip()))
-        except ValueError:
-            parts.append("<unparsable URL>")
-    return ";".join(parts)
-
-
 def _plural(count: int, word: str) -> str:
     """``"1 lock"``, ``"2 locks"``."""
     return f"{count} {word}" if count == 1 else f"{count} {word}s"
@@ -99,7 +90,7 @@ def _redis_errors(url: str) -> Iterator[None]:
         yield
     except redis.RedisError as exc:
         raise CeleryCommandException(
-            message=_one_line(f"lock Redis at {safe_url(url)} failed: {type(exc).__name__}: {exc}"),
+            message=_one_line(f"lock Redis at {mask_url(url)} failed: {type(exc).__name__}: {exc}"),
             exit_code=EX_UNAVAILABLE,
         ) from exc
 
@@ -171,7 +162,7 @@ def list_locks(ctx: click.Context, as_json: bool, pattern: str | None) -> None:
         return
     held = sum(row.held for row in rows)
     summary = f"{held} held" + (f", {len(rows) - held} expired" if len(rows) > held else "")
-    click.echo(f"Locks matching {match!r} on {safe_url(settings.url)}: {summary}")
+    click.echo(f"Locks matching {match!r} on {mask_url(settings.url)}: {summary}")
     if rows:
         for line in _table([HEADINGS, *(row.cells() for row in rows)]):
             click.echo(line)
@@ -185,7 +176,7 @@ def _confirm(what: str, keys: Sequence[str], url: str) -> None:
     shown = "\n".join(f"  {key}" for key in keys[:_PROMPT_NAMES])
     more = f"\n  ... and {len(keys) - _PROMPT_NAMES} more" if len(keys) > _PROMPT_NAMES else ""
     click.confirm(
-        f"This deletes {what} on {safe_url(url)}:\n{shown}{more}\n"
+        f"This deletes {what} on {mask_url(url)}:\n{shown}{more}\n"
         "A task still running under a cleared lock is no longer exclusive, and there is "
         "no undo.\n(to skip this prompt use --yes)\nClear them?",
         abort=True,

@@ -41,7 +41,10 @@ REDIS_URL_SCHEMES = (
 )
 _MASK = "**"
 # user:password@ inside the authority of a URL, however malformed the rest is.
-_CREDENTIALS = re.compile(r"(//[^/@]*?:)[^@/]*@")
+#: ``scheme://user:`` then the password up to the last ``@`` (a malformed password may hold
+#: ``/`` or ``@`` itself), and a ``password=`` query parameter.
+_CREDENTIALS = re.compile(r"^([^:]*://[^:/@]*:).*@")
+_QUERY_PASSWORD = re.compile(r"([?&]password=)[^&]*", re.IGNORECASE)
 
 _cache: weakref.WeakKeyDictionary[Any, tuple[int, str, LockClient]] = weakref.WeakKeyDictionary()
 _guard = threading.Lock()
@@ -67,7 +70,10 @@ def mask_url(url: object) -> str:
     """``url`` with every password replaced by ``**``: each part of a ``;``-separated
     multi-host or Sentinel URL, and malformed URLs too (never raises)."""
     text = str(url)
-    return ";".join(_CREDENTIALS.sub(rf"\1{_MASK}@", part) for part in text.split(";"))
+    return ";".join(
+        _QUERY_PASSWORD.sub(rf"\1{_MASK}", _CREDENTIALS.sub(rf"\1{_MASK}@", part))
+        for part in text.split(";")
+    )
 
 
 def url_error(url: object) -> str | None:

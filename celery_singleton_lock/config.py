@@ -10,6 +10,7 @@ app object so two apps in one process keep their own settings.
 from __future__ import annotations
 
 import dataclasses
+import re
 import threading
 import weakref
 from collections.abc import Mapping
@@ -110,6 +111,21 @@ def derived_url(conf: Mapping[str, Any]) -> tuple[str, str]:
     return DEFAULT_URL, "default"
 
 
+def _respelled(hint: str, spelled: str) -> str:
+    """``hint``'s setting names written the way the user wrote theirs (a Django
+    ``CELERY_SINGLETON_LOCK_X`` gets ``CELERY_SINGLETON_LOCK_Y``, not ``singleton_lock_y``)."""
+    start = spelled.lower().find(SETTING_PREFIX)
+    if start <= 0 and not spelled.isupper():
+        return hint
+    head = spelled[:start] if start > 0 else ""
+
+    def respell(match: re.Match[str]) -> str:
+        name = head + match.group(0)
+        return name.upper() if spelled.isupper() else name
+
+    return re.sub(rf"\b{SETTING_PREFIX}\w+", respell, hint)
+
+
 def read_settings(conf: Mapping[str, Any], hidden: Mapping[str, str] | None = None) -> Settings:
     """Read and validate the settings from ``app.conf`` (or any mapping).
 
@@ -123,9 +139,8 @@ def read_settings(conf: Mapping[str, Any], hidden: Mapping[str, str] | None = No
     known = setting_names()
     for canonical, (spelled, _) in written.items():
         if canonical not in known and canonical not in FOREIGN_SETTINGS:
-            raise ImproperlyConfigured(
-                f"{spelled}: unknown setting ({did_you_mean(canonical, known)})"
-            )
+            hint = _respelled(did_you_mean(canonical, known), spelled)
+            raise ImproperlyConfigured(f"{spelled}: unknown setting ({hint})")
     values: dict[str, Any] = {}
     for row in setting_fields():
         entry = written.get(SETTING_PREFIX + row.name)

@@ -58,6 +58,8 @@ def setup(app: Celery) -> None:
         signals.connect()
         app.steps["worker"].add(Preflight)
         app.__dict__[_SETUP_FLAG] = True
+    if app.finalized:  # else the app-finalize hook below installs them
+        _install_annotations(app)
 
 
 class WorkerConfigError(CeleryCommandException, ImproperlyConfigured):

@@ -15,6 +15,7 @@ from celery import Celery
 from celery.exceptions import ImproperlyConfigured
 
 from celery_singleton_lock import config
+from celery_singleton_lock.client import mask_url
 from celery_singleton_lock.config import DEFAULT_URL, clear_settings, read_settings, settings_for
 from celery_singleton_lock.options import LockOptions, Settings, validate_task_options
 
@@ -148,11 +149,40 @@ def test_bad_task_option_value_is_named() -> None:
         read_settings({"singleton_lock_tasks": {"a.*": {"lock_scope": "global"}}})
 
 
-def test_url_password_is_masked_in_errors() -> None:
-    """A rejected URL is quoted in the error without its password."""
-    with pytest.raises(ImproperlyConfigured) as info:
-        read_settings({"singleton_lock_url": "http://user:hunter2@host/"})
+@pytest.mark.parametrize(
+    "url",
+    [
+        "http://user:hunter2@host/",
+        "redis://:hunter2@127.0.0.1:99999/0",
+        "redis://:hunter2@127.0.0.1:notaport/0",
+        "redis://user:hunter2@[::1/0",
+        "sentinel://:hunter2@s1:26379;http://:hunter2@s2:26379",
+        "redis://:hun/ter2@host:0/0",
+        "redis://u:hunter2@host:70000/0?password=hunter2",
+    ],
+)
+def test_bad_urls_are_configuration_errors_without_the_password(url: str) -> None:
+    """A rejected URL (scheme, host, port; multi-host and Sentinel included) is an
+    ImproperlyConfigured naming the setting, and quotes the URL without its password."""
+    with pytest.raises(ImproperlyConfigured, match=r"^singleton_lock_url") as info:
+        read_settings({"singleton_lock_url": url})
     assert "hunter2" not in str(info.value)
+    assert "hun/ter2" not in str(info.value)
+
+
+@pytest.mark.parametrize(
+    ("url", "masked"),
+    [
+        ("redis://:pw@h:1/0", "redis://:**@h:1/0"),
+        ("redis://user:p@ss@h/0", "redis://user:**@h/0"),
+        ("redis://h:1/0", "redis://h:1/0"),
+        ("redis://user@h/0", "redis://user@h/0"),
+        ("sentinel://:a@s1:26379;sentinel://:b@s2:26379", "sentinel://:**@s1:26379;sentinel://:**@s2:26379"),
+        ("redis://h/0?db=1&password=zz", "redis://h/0?db=1&password=**"),
+    ],
+)  # fmt: skip
+def test_mask_url(url: str, masked: str) -> None:
+    assert mask_url(url) == masked
 
 
 # ------------------------------------------------------------------ url default
