@@ -58,7 +58,7 @@ def setup(app: Celery) -> None:
         signals.connect()
         app.steps["worker"].add(Preflight)
         app.__dict__[_SETUP_FLAG] = True
-    if app.finalized:  # else the app-finalize hook below installs them
+    if getattr(app, "finalized", False):  # else the app-finalize hook installs them
         _install_annotations(app)
 
 
