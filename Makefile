@@ -1,14 +1,19 @@
 # One command per job. Each target sets itself up first (scripts/bootstrap.sh).
-.PHONY: test lint types demo bench
+.PHONY: test matrix lint types demo bench
 
 VENV := .venv/bin
 
-test:  ## the whole test suite: lint, types, then pytest against private redis-servers
+test:  ## the whole suite: lint, types, layering, then pytest (newest versions) and the nox version matrix
 	@scripts/bootstrap.sh test,dev,demo
 	$(VENV)/ruff check .
 	$(VENV)/ruff format --check .
 	$(VENV)/mypy
-	$(VENV)/pytest
+	$(VENV)/lint-imports
+	scripts/test_all.sh
+
+matrix:  ## only the version matrix (nox sessions matrix(oldest) and matrix(middle))
+	@scripts/bootstrap.sh test,dev
+	$(VENV)/nox -s "matrix(oldest)" "matrix(middle)"
 
 lint:
 	@scripts/bootstrap.sh test,dev

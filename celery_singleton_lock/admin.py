@@ -15,7 +15,8 @@ from typing import TYPE_CHECKING, Any
 
 import redis
 
-from celery_singleton_lock._redis import LockClient
+from celery_singleton_lock._protocol import SIGNAL_TTL_MS
+from celery_singleton_lock._redis import LockClient, server_time
 from celery_singleton_lock._value import Holder, LockValue, parse_value
 from celery_singleton_lock.client import redis_for
 from celery_singleton_lock.config import settings_for
@@ -205,8 +206,7 @@ def read_locks(client: LockClient, pattern: str, *, foreign: bool = True) -> lis
     for page in scan_pages(client, pattern):
         # TIME on its own: Redis Cluster pipelines refuse keyless commands (there it is one
         # node's clock, close enough for a listing).
-        seconds, micros = client.time()
-        now_ms = int(seconds) * 1000 + int(micros) // 1000
+        now_ms, _ = server_time(client)
         pipe = client.pipeline(transaction=False)
         for key in page:
             pipe.get(key)
@@ -234,9 +234,11 @@ def signal_key_of(key: str) -> str | None:
 
 
 def delete_locks(client: LockClient, keys: Sequence[str]) -> int:
-    """Delete the given lock keys and their signal lists; returns how many locks went.
+    """Delete the given lock keys; returns how many locks went.
 
-    One DEL per key, so keys in different Redis Cluster slots are fine.
+    Each lock's signal list gets one wake-up (as a release gives it, expiring unread after
+    a moment), so a task waiting on a cleared lock takes it at once instead of at its next
+    fallback poll. One DEL per key, so keys in different Redis Cluster slots are fine.
     """
     cleared = 0
     for start in range(0, len(keys), SCAN_COUNT):
@@ -244,14 +246,15 @@ def delete_locks(client: LockClient, keys: Sequence[str]) -> int:
         pipe = client.pipeline(transaction=False)
         for key in batch:
             pipe.delete(key)
+        deleted = [int(reply) for reply in pipe.execute()]
+        cleared += sum(deleted)
+        pipe = client.pipeline(transaction=False)
+        for key, gone in zip(batch, deleted, strict=True):
             signal = signal_key_of(key)
-            if signal is not None:
-                pipe.delete(signal)
-        replies = iter(pipe.execute())
-        for key in batch:
-            cleared += int(next(replies))
-            if signal_key_of(key) is not None:
-                next(replies)
+            if gone and signal is not None:
+                pipe.rpush(signal, "1")
+                pipe.pexpire(signal, SIGNAL_TTL_MS)
+        pipe.execute()
     return cleared
 
 

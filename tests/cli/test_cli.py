@@ -17,6 +17,7 @@ import pytest
 import redis
 
 from celery_singleton_lock import RedisLock
+from celery_singleton_lock._protocol import SIGNAL_TTL_MS
 from celery_singleton_lock.keys import task_lock_key
 from celery_singleton_lock.lock import companion_key
 from celery_singleton_lock.testing import RedisServer, free_port
@@ -249,7 +250,8 @@ def test_key_of_an_unlocked_task_is_an_error(run: Run) -> None:
 def test_clear_key_deletes_only_that_lock_and_its_signal_list(
     run: Run, client: redis.Redis, prefix: str
 ) -> None:
-    """``clear KEY --yes`` deletes that lock and its waiters' list, and no other lock."""
+    """``clear KEY --yes`` deletes that lock and no other; its waiters' list is left with a
+    wake-up that expires within the signal TTL (so a waiter takes the lock at once)."""
     gone = hold(client, buy_key(prefix, ["sku-1", 7]), "task-aaa")
     kept = hold(client, buy_key(prefix, ["sku-2", 7]), "task-bbb")
     signal = companion_key(gone.name, "signal")
@@ -259,7 +261,8 @@ def test_clear_key_deletes_only_that_lock_and_its_signal_list(
 
     assert done.returncode == 0, done.stderr
     assert "Cleared 1 lock." in done.stdout
-    assert client.exists(gone.name, signal) == 0
+    assert client.exists(gone.name) == 0
+    assert 0 < client.pttl(signal) <= SIGNAL_TTL_MS
     assert client.exists(kept.name) == 1
 
 
