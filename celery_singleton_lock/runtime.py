@@ -23,6 +23,7 @@ from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from celery import Task as CeleryTask
 from celery.exceptions import ImproperlyConfigured
 from celery.utils import uuid
 
@@ -255,6 +256,15 @@ def _run_locking(task: AnyTask, request: Any) -> TaskLocking | None:
 # -- running ---------------------------------------------------------------------------
 
 
+def _body(task: AnyTask, call: Any) -> Callable[..., Any]:
+    """What runs the body: ``call`` (the next ``__call__`` in the class hierarchy, so a base
+    class's own ``__call__`` — an app context, a DB session, tracing — wraps the locked body),
+    or ``task.run`` when that is only Celery's ``Task.__call__``, which in an eager run would
+    push a second, empty request around the body."""
+    func = getattr(call, "__func__", None) or getattr(call, "func", None)
+    return task.run if func is CeleryTask.__call__ else call
+
+
 def locked_call(task: AnyTask, args: tuple[Any, ...], kwargs: dict[str, Any], call: Any) -> Any:
     """Run the body of ``task`` under its lock (``call`` is the unlocked ``__call__``)."""
     request = task.request
@@ -278,7 +288,7 @@ def locked_call(task: AnyTask, args: tuple[Any, ...], kwargs: dict[str, Any], ca
                 "singleton lock unavailable for %s[%s] (%s): running UNLOCKED because "
                 "singleton_lock_fail_open is set", task.name, request.id, exc,
             )  # fmt: skip
-            return task.run(*args, **kwargs)
+            return _body(task, call)(*args, **kwargs)
         log.error("singleton lock unavailable for %s[%s]: %s; retrying", task.name, request.id, exc)
         countdown = _jitter(min(_OUTAGE_COUNTDOWN, options.timeout))
         raise task.retry(exc=exc, countdown=countdown) from exc
@@ -287,7 +297,7 @@ def locked_call(task: AnyTask, args: tuple[Any, ...], kwargs: dict[str, Any], ca
     setattr(request, _REQUEST_ATTR, (lock, options))
     context = _current.set(lock)
     try:
-        return task.run(*args, **kwargs)
+        return _body(task, call)(*args, **kwargs)
     finally:
         _current.reset(context)
 

@@ -8,12 +8,14 @@ Every task records what it did in Redis so tests can check overlap and counts.
 
 from __future__ import annotations
 
+import json
 import os
+import threading
 import time
 from typing import Any
 
 import redis
-from celery import Celery
+from celery import Celery, Task
 
 from celery_singleton_lock import LockedTask, current_lock
 
@@ -24,7 +26,10 @@ app.conf.update(
     singleton_lock_url=os.environ.get("CSL_LOCK_URL") or None,
     singleton_lock_fail_open=os.environ.get("CSL_FAIL_OPEN") == "1",
     singleton_lock_on_conflict=os.environ.get("CSL_ON_CONFLICT") or "skip",
-    singleton_lock_tasks={"tests.worker.proj.plain_*": {"lock_keys": ["x"]}},
+    singleton_lock_tasks={
+        "tests.worker.proj.plain_*": {"lock_keys": ["x"]},
+        "tests.worker.proj.traced_config": {},
+    },
     task_default_queue=os.environ.get("CSL_QUEUE", "csl-tests"),
     worker_prefetch_multiplier=1,
     broker_connection_retry_on_startup=True,
@@ -197,3 +202,48 @@ def beat_job(name: str) -> str:
     """A periodic job that takes three times its one-second period."""
     section(name, 3.0)
     return "ran"
+
+
+_call_context = threading.local()
+
+
+class Traced(Task):  # type: ignore[type-arg]
+    """A base class with its own ``__call__`` (Flask's app-context pattern): the body must
+    run inside it, locked or not."""
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        _call_context.inside = True
+        try:
+            return super().__call__(*args, **kwargs)
+        finally:
+            _call_context.inside = False
+
+
+class TracedLocked(LockedTask, Traced):
+    """LockedTask first, the custom ``__call__`` after it in the MRO."""
+
+
+def _record_call(task: Any, name: str) -> str:
+    lock = current_lock()
+    data().rpush(
+        f"traced:{name}",
+        json.dumps({
+            "inside": getattr(_call_context, "inside", False),
+            "locked": bool(lock and lock.owned()),
+            "task_id": task.request.id,
+        }),
+    )  # fmt: skip
+    section(f"traced-{name}", 0.3)
+    return str(task.request.id)
+
+
+@app.task(base=TracedLocked, bind=True)
+def traced_locked(self: Any, name: str) -> str:
+    """A LockedTask whose class hierarchy has a custom ``__call__``."""
+    return _record_call(self, name)
+
+
+@app.task(base=Traced, bind=True)
+def traced_config(self: Any, name: str) -> str:
+    """A task with a custom ``__call__`` locked through ``singleton_lock_tasks``."""
+    return _record_call(self, name)
