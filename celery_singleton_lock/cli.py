@@ -34,13 +34,10 @@ from celery_singleton_lock import integration  # noqa: F401
 from celery_singleton_lock._redis import LockClient
 from celery_singleton_lock.admin import (
     HEADINGS,
-    SCAN_COUNT,
-    SIGNAL_SUFFIX,
     decode_key,
     delete_locks,
     prefix_pattern,
     read_locks,
-    scan_pages,
 )
 from celery_singleton_lock.client import mask_url, redis_for
 from celery_singleton_lock.config import settings_for
@@ -219,29 +216,20 @@ def _clear_given(client: LockClient, settings: Settings, keys: Sequence[str], ye
 
 
 def _clear_all(client: LockClient, settings: Settings, yes: bool) -> None:
-    """Delete every key under the prefix: locks and their signal lists."""
+    """Delete every lock of this package under the prefix. Keys there whose value is not
+    one of our locks (a classic timestamp, data of your own) are left alone and counted."""
     pattern = prefix_pattern(settings.prefix)
-    found = [decode_key(key) for page in scan_pages(client, pattern) for key in page]
-    found.sort()
-    if not found:
-        click.echo(f"No keys match {pattern!r}; nothing to clear.")
+    rows = read_locks(client, pattern)
+    ours = [row.key for row in rows if row.kind == "lock"]
+    left = len(rows) - len(ours)
+    note = f"; left {_plural(left, 'key')} that are not locks of this package" if left else ""
+    if not ours:
+        click.echo(f"No locks match {pattern!r}; nothing to clear{note}.")
         return
     if not yes:
-        _confirm(f"all {_plural(len(found), 'key')} matching {pattern!r}", found, settings.url)
-    cleared = companions = 0
-    suffix = f":{SIGNAL_SUFFIX}"
-    for start in range(0, len(found), SCAN_COUNT):
-        batch = found[start : start + SCAN_COUNT]
-        pipe = client.pipeline(transaction=False)
-        for key in batch:  # one key per DEL: safe when keys sit in different Cluster slots
-            pipe.delete(key)
-        for key, deleted in zip(batch, pipe.execute(), strict=True):
-            if key.endswith(suffix):
-                companions += int(deleted)
-            else:
-                cleared += int(deleted)
-    extra = f" and {_plural(companions, 'signal list')}" if companions else ""
-    click.echo(f"Cleared {_plural(cleared, 'lock')}{extra} matching {pattern!r}.")
+        _confirm(f"all {_plural(len(ours), 'lock')} matching {pattern!r}", ours, settings.url)
+    cleared = delete_locks(client, ours)
+    click.echo(f"Cleared {_plural(cleared, 'lock')} matching {pattern!r}{note}.")
 
 
 @locks.command(cls=CeleryCommand)
@@ -252,7 +240,8 @@ def _clear_all(client: LockClient, settings: Settings, yes: bool) -> None:
     cls=CeleryOption,
     is_flag=True,
     help_group="Clear Options",
-    help="Clear every key under the lock prefix (singleton_lock_prefix).",
+    help="Clear every lock under the lock prefix (singleton_lock_prefix); other keys "
+    "there are left alone.",
 )
 @click.option(
     "-y",

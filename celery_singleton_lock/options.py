@@ -48,8 +48,8 @@ SCOPES = ("run", "queue")
 TASK_OPTION_PREFIX = "lock_"
 #: Every app setting starts with this (Django: ``CELERY_`` + the upper-case name).
 SETTING_PREFIX = "singleton_lock_"
-#: Leases must be longer than this many seconds.
-MIN_TIMEOUT = 0.0
+#: The shortest lease, in seconds: a shorter one would renew many times a second.
+MIN_TIMEOUT = 0.5
 
 KeysOption = tuple[str, ...] | Callable[[tuple[Any, ...], dict[str, Any]], Any] | None
 Parser = Callable[[Any, str], Any]
@@ -205,10 +205,10 @@ class LockOptions:
         values="None, list of names, (), callable", setting=False, none_is_value=True,
     )  # fmt: skip
     timeout: float = _option(
-        30.0, _seconds(minimum=MIN_TIMEOUT, inclusive=False),
+        30.0, _seconds(minimum=MIN_TIMEOUT, inclusive=True),
         "The lease in seconds; renewed while the body runs, so a crashed worker's lock frees "
         "within one lease.",
-        values=f"seconds > {MIN_TIMEOUT:g}",
+        values=f"seconds >= {MIN_TIMEOUT:g}",
     )  # fmt: skip
     renew: bool = _option(
         True, _flag, "Keep extending the lease while the body runs.", values="True, False"
@@ -236,10 +236,10 @@ class LockOptions:
         values="seconds >= 0, None", none_is_value=True,
     )  # fmt: skip
     queue_timeout: float = _option(
-        3600.0, _seconds(minimum=MIN_TIMEOUT, inclusive=False),
+        3600.0, _seconds(minimum=MIN_TIMEOUT, inclusive=True),
         "Queue scope: the lease of the lock while its message waits in the queue (nobody "
         "renews it there).",
-        values=f"seconds > {MIN_TIMEOUT:g}",
+        values=f"seconds >= {MIN_TIMEOUT:g}",
     )  # fmt: skip
 
 

@@ -278,10 +278,10 @@ def locked_call(task: AnyTask, args: tuple[Any, ...], kwargs: dict[str, Any], ca
     task_id = str(request.id)
     lock = locking.new_lock(task.app, key, task_id)
     try:
-        if options.on_conflict == "wait":
+        acquired = lock.acquire(blocking=False)
+        if not acquired and options.on_conflict == "wait":
+            _log_wait(task, task_id, lock, options.wait)
             acquired = lock.acquire(blocking=True, timeout=options.wait)
-        else:
-            acquired = lock.acquire(blocking=False)
     except LockBackendError as exc:
         if locking.settings.fail_open:
             log.warning(
@@ -300,6 +300,19 @@ def locked_call(task: AnyTask, args: tuple[Any, ...], kwargs: dict[str, Any], ca
         return _body(task, call)(*args, **kwargs)
     finally:
         _current.reset(context)
+
+
+def _log_wait(task: AnyTask, task_id: str, lock: RedisLock, limit: float | None) -> None:
+    """Say at INFO that a run starts waiting, for what and for how long at most, so a
+    worker that waits minutes does not look hung."""
+    if not log.isEnabledFor(logging.INFO):
+        return
+    holder = lock.holder()
+    held_by = f"task {holder.task_id}" if holder and holder.task_id else "another holder"
+    log.info(
+        "%s[%s] waiting for lock %s held by %s (%s)", task.name, task_id, lock.name, held_by,
+        f"at most {limit:g} s, lock_wait" if limit is not None else "no limit: lock_wait=None",
+    )  # fmt: skip
 
 
 def _jitter(seconds: float) -> float:

@@ -266,13 +266,16 @@ def test_clear_key_deletes_only_that_lock_and_its_signal_list(
     assert client.exists(kept.name) == 1
 
 
-def test_clear_all_deletes_every_key_under_the_prefix_only(
+def test_clear_all_deletes_only_our_locks_under_the_prefix(
     run: Run, client: redis.Redis, prefix: str
 ) -> None:
-    """``clear --all --yes`` empties the prefix and leaves keys outside it alone."""
+    """``clear --all --yes`` deletes this package's locks under the prefix; a classic
+    timestamp, other data under the prefix and keys outside it stay."""
     held = [hold(client, buy_key(prefix, [f"sku-{n}", 7]), f"task-{n}") for n in range(3)]
     client.rpush(companion_key(held[0].name, "signal"), "1")
-    client.set(f"{prefix}:classic", "12345")
+    kept = {f"{prefix}:classic": "99999999999", f"{prefix}:notes": "not a lock"}
+    for name, value in kept.items():
+        client.set(name, value)
     outside = [f"{prefix}-other:x", f"{prefix}x:y"]
     for name in outside:
         client.set(name, "keep me", ex=60)
@@ -280,8 +283,11 @@ def test_clear_all_deletes_every_key_under_the_prefix_only(
     done = run("clear", "--all", "--yes")
 
     assert done.returncode == 0, done.stderr
-    assert "Cleared 4 locks and 1 signal list" in done.stdout
-    assert list(client.scan_iter(match=f"{prefix}:*")) == []
+    assert "Cleared 3 locks" in done.stdout
+    assert "left 2 keys that are not locks" in done.stdout
+    assert client.exists(*(lock.name for lock in held)) == 0
+    for name, value in kept.items():
+        assert client.get(name) == value.encode()
     assert client.exists(*outside) == len(outside)
 
 

@@ -105,6 +105,9 @@ def test_infinite_wait_means_no_limit() -> None:
         ("singleton_lock_prefix", "has space"),
         ("singleton_lock_prefix", 5),
         ("singleton_lock_timeout", 0),
+        ("singleton_lock_timeout", 0.001),
+        ("singleton_lock_timeout", 0.49),
+        ("singleton_lock_queue_timeout", 0.001),
         ("singleton_lock_timeout", -1),
         ("singleton_lock_timeout", True),
         ("singleton_lock_timeout", "30"),
@@ -520,3 +523,10 @@ def test_queue_timeout_setting_and_option() -> None:
         read_settings({"singleton_lock_queue_timeout": 0})
     with pytest.raises(ImproperlyConfigured, match="lock_queue_timeout"):
         Settings().options_for("shop.buy", {"lock_queue_timeout": -1})
+
+
+def test_lease_floor_is_accepted_and_explained() -> None:
+    """The shortest lease (0.5 s) is accepted; below it the error says the bound."""
+    assert read_settings({"singleton_lock_timeout": 0.5}).timeout == 0.5
+    with pytest.raises(ImproperlyConfigured, match=r"singleton_lock_timeout .*>= 0\.5"):
+        read_settings({"singleton_lock_timeout": 0.001})

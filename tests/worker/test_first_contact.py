@@ -215,13 +215,17 @@ def test_per_call_lock_on_conflict(
 
 def test_per_call_lock_wait(contact: ModuleType, data: redis.Redis, worker: Any, held: Any) -> None:
     """wait with lock_wait=0.5 gives up after about half a second (the default is 60 s)."""
-    held(contact.probe.lock_key("w"))
+    key = contact.probe.lock_key("w")
+    held(key)
     started = time.monotonic()
     result = contact.probe.apply_async(("w",), lock_on_conflict="wait", lock_wait=0.5)
     with pytest.raises(TaskLocked):
         result.get(timeout=20)
     assert time.monotonic() - started < 15
     assert data.llen("probe:w") == 0
+    # a waiting run says so at INFO: what it waits for and for how long at most
+    assert f"waiting for lock {key}" in worker.text()
+    assert "at most 0.5 s" in worker.text()
 
 
 def test_per_call_lock_retry_delay(
