@@ -50,14 +50,24 @@ _cache: weakref.WeakKeyDictionary[Any, tuple[int, str, LockClient]] = weakref.We
 _guard = threading.Lock()
 
 # Generous enough for a loaded server, short enough that "Redis down" is noticed in seconds.
+#: Seconds any lock command may take before it fails (redis-py 5 and 6 wait forever by
+#: default): a stalled Redis ends a call, never hangs a task. A URL query such as
+#: ``?socket_timeout=10&socket_connect_timeout=2`` overrides it.
+DEFAULT_SOCKET_TIMEOUT = 5.0
+
 _CLIENT_OPTIONS: dict[str, Any] = {
-    "socket_connect_timeout": 5.0,
+    "socket_timeout": DEFAULT_SOCKET_TIMEOUT,
+    "socket_connect_timeout": DEFAULT_SOCKET_TIMEOUT,
     "socket_keepalive": True,
     "health_check_interval": 30,
 }
 
 
-_CLUSTER_OPTIONS: dict[str, Any] = {"socket_connect_timeout": 5.0, "socket_keepalive": True}
+_CLUSTER_OPTIONS: dict[str, Any] = {
+    "socket_timeout": DEFAULT_SOCKET_TIMEOUT,
+    "socket_connect_timeout": DEFAULT_SOCKET_TIMEOUT,
+    "socket_keepalive": True,
+}
 
 
 def url_scheme(url: str) -> str:
@@ -123,7 +133,9 @@ def client_from_url(url: str, master_name: str | None = None) -> LockClient:
         master_name = master_name or next(iter(parse_qs(parsed.query).get("master_name", [])), None)
     if not master_name:
         raise ValueError("a sentinel:// URL needs a master name (?master_name=mymaster)")
-    sentinel = Sentinel(hosts, socket_connect_timeout=5.0)  # type: ignore[no-untyped-call]
+    sentinel = Sentinel(
+        hosts, socket_timeout=DEFAULT_SOCKET_TIMEOUT, socket_connect_timeout=DEFAULT_SOCKET_TIMEOUT
+    )  # type: ignore[no-untyped-call]
     master: redis.Redis = sentinel.master_for(  # type: ignore[no-untyped-call]
         master_name, db=db, password=password, username=username, **_CLIENT_OPTIONS
     )

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import signal
 import time
 from types import ModuleType
 from typing import Any
@@ -9,6 +11,8 @@ from typing import Any
 import pytest
 import redis
 
+from celery_singleton_lock._redis import socket_timeout
+from celery_singleton_lock.client import DEFAULT_SOCKET_TIMEOUT, client_from_url
 from celery_singleton_lock.testing import RedisServer, free_port
 from tests.worker.conftest import wait_for
 
@@ -49,3 +53,32 @@ def test_fail_open_runs_the_task_and_says_so(
     worker = workers(concurrency=1, extra_env={"CSL_LOCK_URL": dead, "CSL_FAIL_OPEN": "1"})
     assert proj.skippy.delay("open", 0.1).get(timeout=30) == "ran"
     assert "UNLOCKED" in worker.text()
+
+
+def test_stalled_lock_redis_does_not_hang_a_task(
+    proj: ModuleType, data: redis.Redis, workers: Any
+) -> None:
+    """A lock Redis that stops answering (SIGSTOP) while a body runs: the release call
+    times out (redis-py 5 and 6 set no socket timeout of their own) and the task ends;
+    nothing hangs, and the next task runs once the server answers again."""
+    lock_server = RedisServer().start()
+    try:
+        workers(concurrency=1, extra_env={"CSL_LOCK_URL": lock_server.url})
+        running = proj.skippy.delay("stall", 1.0)
+        assert wait_for(lambda: data.llen("events:stall") >= 1, timeout=20)
+        assert lock_server.pid is not None
+        os.kill(lock_server.pid, signal.SIGSTOP)
+        try:
+            assert running.get(timeout=30) == "ran"
+        finally:
+            os.kill(lock_server.pid, signal.SIGCONT)
+        assert proj.skippy.delay("after", 0.1).get(timeout=60) == "ran"
+    finally:
+        lock_server.stop()
+
+
+def test_socket_timeout_can_be_set_in_the_url(redis_server: RedisServer) -> None:
+    """The default socket timeout (5 s) gives way to one in the lock URL's query."""
+    assert socket_timeout(client_from_url(redis_server.url)) == DEFAULT_SOCKET_TIMEOUT
+    custom = client_from_url(redis_server.url + "?socket_timeout=12")
+    assert socket_timeout(custom) == 12.0
