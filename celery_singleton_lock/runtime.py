@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any
 from celery import Task as CeleryTask
 from celery.exceptions import ImproperlyConfigured
 from celery.utils import uuid
+from kombu.serialization import dumps, loads
 
 from celery_singleton_lock.client import LockClient, redis_for
 from celery_singleton_lock.config import settings_for
@@ -114,9 +115,17 @@ class TaskLocking:
     func: Callable[..., Any]
     settings: Settings
     options: LockOptions
+    serializer: str = "json"
 
-    def key(self, args: Any, kwargs: Any) -> str:
-        """The lock key of a call with these arguments."""
+    def key(
+        self, args: Any, kwargs: Any, *, received: bool = False, serializer: str | None = None
+    ) -> str:
+        """The lock key of a call with these arguments. Unless they were ``received`` from a
+        message, they are first put through the message serializer and back, so the
+        producer computes the key from what the worker will see (a JSON round trip turns
+        tuples into lists, int dict keys into strings, enums into their values)."""
+        if not received:
+            args, kwargs = wire_form(args, kwargs, serializer or self.serializer)
         return task_lock_key(
             self.settings.prefix, self.task_name, self.func, tuple(args or ()),
             dict(kwargs or {}), self.options.keys,
@@ -150,6 +159,18 @@ class TaskLocking:
             token=queue_token(task_id) if options.scope == "queue" else None,
             holder_info=json.dumps(info, sort_keys=True, separators=(",", ":")),
         )
+
+
+def wire_form(args: Any, kwargs: Any, serializer: str) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    """``args`` and ``kwargs`` as a worker deserializes them from a message written with
+    ``serializer``; unchanged when they do not serialize (publishing them fails anyway)."""
+    args, kwargs = tuple(args or ()), dict(kwargs or {})
+    try:
+        content_type, encoding, body = dumps([list(args), kwargs], serializer=serializer)
+        back = loads(body, content_type, encoding, accept={content_type})
+        return tuple(back[0]), dict(back[1])
+    except Exception:  # noqa: BLE001 - any serializer error: keep the arguments as given
+        return args, kwargs
 
 
 def own_options(task: AnyTask) -> dict[str, Any] | None:
@@ -186,7 +207,8 @@ def locking_for(task: AnyTask) -> TaskLocking | None:
             check_lock_keys(task.run, options.keys)
         except ValueError as exc:
             raise ImproperlyConfigured(f"lock_keys of task {task.name!r}: {exc}") from exc
-        locking = TaskLocking(task.name, task.run, settings, options)
+        serializer = getattr(task, "serializer", None) or task.app.conf.task_serializer
+        locking = TaskLocking(task.name, task.run, settings, options, str(serializer))
     task.__dict__["_singleton_lock"] = (settings, locking)
     return locking
 
@@ -274,7 +296,9 @@ def locked_call(task: AnyTask, args: tuple[Any, ...], kwargs: dict[str, Any], ca
     if locking is None:
         return call(*args, **kwargs)
     options = locking.options
-    key = (_header_key(request) if options.scope == "queue" else None) or locking.key(args, kwargs)
+    key = (_header_key(request) if options.scope == "queue" else None) or locking.key(
+        args, kwargs, received=not request.is_eager
+    )
     task_id = str(request.id)
     lock = locking.new_lock(task.app, key, task_id)
     try:
@@ -401,7 +425,7 @@ def release_for_lost_run(task: AnyTask, task_id: str, args: Any, kwargs: Any, re
     locking = _run_locking(task, request)
     if locking is None:
         return False
-    key = _header_key(request) or locking.key(args, kwargs)
+    key = _header_key(request) or locking.key(args, kwargs, received=True)
     probe = locking.new_lock(task.app, key, task_id)
     holder = probe.holder()
     if holder is None or holder.task_id != task_id or holder.token is None:
@@ -438,7 +462,7 @@ def locked_apply_async(
     if locking.options.scope != "queue":
         return publish(args, kwargs, **options)
     task_id = options.pop("task_id", None) or uuid()
-    key = locking.key(args, kwargs)
+    key = locking.key(args, kwargs, serializer=options.get("serializer"))
     running = current_lock()
     if running is not None and running.name == key and running.token == queue_token(task_id):
         running.detach()  # self.retry(): hand the lock over to the retried message

@@ -8,6 +8,7 @@ Every task records what it did in Redis so tests can check overlap and counts.
 
 from __future__ import annotations
 
+import enum
 import json
 import os
 import threading
@@ -34,6 +35,7 @@ app.conf.update(
     worker_prefetch_multiplier=1,
     broker_connection_retry_on_startup=True,
     task_acks_late=False,
+    accept_content=(os.environ.get("CSL_ACCEPT") or "json").split(","),
     result_expires=600,
     beat_schedule={
         "dedup": {"task": "tests.worker.proj.beat_job", "schedule": 1.0, "args": ("beat",)}
@@ -247,3 +249,32 @@ def traced_locked(self: Any, name: str) -> str:
 def traced_config(self: Any, name: str) -> str:
     """A task with a custom ``__call__`` locked through ``singleton_lock_tasks``."""
     return _record_call(self, name)
+
+
+class Color(enum.IntEnum):
+    """An IntEnum argument: JSON and msgpack send it as its int."""
+
+    RED = 1
+
+
+class Size(str, enum.Enum):
+    """A str-based Enum argument: JSON and msgpack send it as its string."""
+
+    SMALL = "small"
+
+
+@app.task(base=LockedTask, lock_scope="queue")
+def odd_queued(value: Any, tag: str) -> str:
+    """Queue scope over an argument whose serializer round trip changes it."""
+    lock = current_lock()
+    data().rpush(f"odd-keys:{tag}", lock.name if lock else "")
+    section(f"odd-{tag}", 1.5)
+    return "ran"
+
+
+@app.task(base=LockedTask)
+def odd_run(value: Any, tag: str) -> str:
+    """Run scope over the same arguments: records the key the worker locked."""
+    lock = current_lock()
+    data().rpush(f"odd-keys:{tag}", lock.name if lock else "")
+    return "ran"
