@@ -32,7 +32,7 @@ from celery_singleton_lock.client import LockClient, redis_for
 from celery_singleton_lock.config import settings_for
 from celery_singleton_lock.exceptions import LockBackendError, LockNotOwned, TaskLocked
 from celery_singleton_lock.keys import check_lock_keys, task_lock_key
-from celery_singleton_lock.lock import RedisLock
+from celery_singleton_lock.lock import Holder, RedisLock
 from celery_singleton_lock.options import (
     TASK_OPTION_PREFIX,
     LockOptions,
@@ -85,6 +85,9 @@ HEADER_OPTIONS = "singleton_lock_options"
 HEADER_KEY = "singleton_lock_key"
 #: Attribute of a run's request (Celery's ``Context``) that holds the lock it took.
 _REQUEST_ATTR = "singleton_lock"
+#: ``apply_async`` option of a retry that the lock layer itself asks for (the lock was
+#: busy or unreachable): publish it as it is, never blocked or lost on the queue lock.
+REPUBLISH_OPTION = "singleton_lock_republish"
 #: The automatic countdown of a retry never goes below this many seconds.
 _MIN_COUNTDOWN = 0.5
 #: Retries after a Redis outage wait at most this long (seconds) before trying again.
@@ -315,7 +318,9 @@ def locked_call(task: AnyTask, args: tuple[Any, ...], kwargs: dict[str, Any], ca
             return _body(task, call)(*args, **kwargs)
         log.error("singleton lock unavailable for %s[%s]: %s; retrying", task.name, request.id, exc)
         countdown = _jitter(min(_OUTAGE_COUNTDOWN, options.timeout))
-        raise task.retry(exc=exc, countdown=countdown) from exc
+        # Fail closed without losing the message: retry until the lock Redis answers,
+        # whatever the task's max_retries (an outage is not the task's failure).
+        raise _retry(task, exc, countdown, key, max_retries=int(request.retries or 0) + 1) from exc
     if not acquired and not _reclaim_from_dead_delivery(task, lock):
         return _on_conflict(task, lock, key, options)
     setattr(request, _REQUEST_ATTR, (lock, options))
@@ -376,27 +381,47 @@ def _reclaim_from_dead_delivery(task: AnyTask, lock: RedisLock) -> bool:
     return lock.acquire(blocking=False)
 
 
+def _retry(
+    task: AnyTask, exc: BaseException, countdown: float, key: str, **options: Any
+) -> BaseException:
+    """``task.retry`` for a lock that was busy or unreachable: the retried message carries
+    this run's key and options and is published past the queue lock (which may be held by
+    someone else, or unreachable), so it can neither be dropped nor stay in RETRY."""
+    headers: dict[str, Any] = {HEADER_KEY: key}
+    carried = _header(task.request, HEADER_OPTIONS)
+    if carried:
+        headers[HEADER_OPTIONS] = carried
+    options[REPUBLISH_OPTION] = headers
+    retry: Callable[..., BaseException] = task.retry
+    return retry(exc=exc, countdown=countdown, **options)
+
+
+def _countdown(options: LockOptions, holder: Holder | None, retries: int) -> float:
+    """When a busy run comes back: ``lock_retry_delay`` when set; else one second doubling
+    with each retry, never past the holder's remaining lease (a renewed lease says nothing
+    about when the holder will finish)."""
+    if options.retry_delay is not None:
+        return options.retry_delay
+    backoff = _MIN_COUNTDOWN * 2 ** min(retries + 1, 16)
+    left = (holder.remaining_ms or 1000) / 1000 if holder else 1.0
+    return _jitter(max(_MIN_COUNTDOWN, min(backoff, left, options.timeout)))
+
+
 def _on_conflict(task: AnyTask, lock: RedisLock, key: str, options: LockOptions) -> Any:
     """Apply the conflict policy when another run holds ``key``."""
     holder = lock.holder()
     holder_id = holder.task_id if holder else None
+    retries = int(task.request.retries or 0)
     if holder is not None and holder_id == task.request.id:
         # An earlier delivery of this same message still holds it (alive elsewhere, or not
-        # provably dead): skipping would drop the work, so come back when its lease ends.
-        left = (holder.remaining_ms or 1000) / 1000
-        raise task.retry(
-            exc=TaskLocked(key, holder_id), countdown=_jitter(max(left, _MIN_COUNTDOWN))
-        )
+        # provably dead): skipping would drop the work, so come back later.
+        exc = TaskLocked(key, holder_id)
+        raise _retry(task, exc, _countdown(options, holder, retries), key, max_retries=retries + 1)
     if options.on_conflict == "skip":
         log.info("%s[%s] skipped: %s is held by %s", task.name, task.request.id, key, holder_id)
         return None
     if options.on_conflict == "retry":
-        if options.retry_delay is not None:
-            countdown = options.retry_delay
-        else:
-            left = (holder.remaining_ms or 1000) / 1000 if holder else 1.0
-            countdown = _jitter(min(max(left, _MIN_COUNTDOWN), options.timeout))
-        raise task.retry(exc=TaskLocked(key, holder_id), countdown=countdown)
+        raise _retry(task, TaskLocked(key, holder_id), _countdown(options, holder, retries), key)
     raise TaskLocked(key, holder_id)  # "raise", and "wait" that timed out
 
 
@@ -447,6 +472,10 @@ def locked_apply_async(
 ) -> AnyResult:
     """``apply_async`` for queue scope: take the lock, then publish; a duplicate publishes
     nothing and gets the holder's AsyncResult (or TaskLocked under ``raise``)."""
+    republish = options.pop(REPUBLISH_OPTION, None)
+    if republish is not None:
+        headers = {**(options.pop("headers", None) or {}), **republish}
+        return publish(args, kwargs, headers=headers, **options)
     locking = locking_for(task)
     if locking is None:
         return publish(args, kwargs, **options)

@@ -278,3 +278,23 @@ def odd_run(value: Any, tag: str) -> str:
     lock = current_lock()
     data().rpush(f"odd-keys:{tag}", lock.name if lock else "")
     return "ran"
+
+
+@app.task(
+    base=LockedTask, lock_scope="queue", lock_on_conflict="retry", lock_retry_delay=0.3,
+    lock_queue_timeout=1.0, max_retries=50,
+)  # fmt: skip
+def queued_retry(name: str) -> str:
+    """Queue scope + retry policy whose queued lease (1 s) can lapse before it runs."""
+    section(name, 0.1)
+    return "ran"
+
+
+@app.task(
+    base=LockedTask, lock_keys=["name"], lock_on_conflict="retry", lock_timeout=30.0,
+    max_retries=50,
+)  # fmt: skip
+def retry_auto(name: str, seconds: float) -> str:
+    """Retry policy with the automatic countdown (no lock_retry_delay)."""
+    section(name, seconds)
+    return "ran"
