@@ -18,6 +18,8 @@ import logging
 import os
 import random
 import socket
+import threading
+import time
 from collections.abc import Callable, Mapping
 from contextvars import ContextVar
 from dataclasses import dataclass
@@ -92,6 +94,10 @@ REPUBLISH_OPTION = "singleton_lock_republish"
 _MIN_COUNTDOWN = 0.5
 #: Retries after a Redis outage wait at most this long (seconds) before trying again.
 _OUTAGE_COUNTDOWN = 5.0
+#: How often the worker parent looks whether a lost run's process has exited, and how
+#: often it asks Redis whether that run still holds its lock meanwhile.
+_PID_POLL_INTERVAL = 0.05
+_HOLD_CHECK_INTERVAL = 1.0
 _HOST = socket.gethostname()
 
 _current: ContextVar[RedisLock | None] = ContextVar("singleton_lock_current", default=None)
@@ -349,7 +355,8 @@ def _jitter(seconds: float) -> float:
 
 
 def _process_gone(pid: object) -> bool:
-    """Whether ``pid`` names no live process on this host."""
+    """Whether ``pid`` names no running process on this host (an exited child that its
+    parent has not reaped yet, a zombie, counts as gone)."""
     if not isinstance(pid, int) or pid <= 0:
         return False
     try:
@@ -358,7 +365,12 @@ def _process_gone(pid: object) -> bool:
         return True
     except PermissionError:
         return False
-    return False
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as stat:
+            state = stat.read().rsplit(b")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return False
+    return state in (b"Z", b"X")
 
 
 def _reclaim_from_dead_delivery(task: AnyTask, lock: RedisLock) -> bool:
@@ -445,8 +457,11 @@ def release_after_run(task: AnyTask, task_id: str, state: str | None) -> None:
 
 
 def release_for_lost_run(task: AnyTask, task_id: str, args: Any, kwargs: Any, request: Any) -> bool:
-    """Release the lock held by a run that can no longer release it (its process died,
-    or it was revoked): only if the holder recorded in Redis is that very task id."""
+    """Free the lock of a run that can no longer release it (its process was killed, or it
+    was revoked): only if the holder recorded in Redis is that very task id, and only once
+    the process that ran the body has stopped — a child told to terminate may still be
+    running it. Returns whether it was released now (else it is released when that process
+    exits, or left to its lease)."""
     locking = _run_locking(task, request)
     if locking is None:
         return False
@@ -456,12 +471,45 @@ def release_for_lost_run(task: AnyTask, task_id: str, args: Any, kwargs: Any, re
     if holder is None or holder.task_id != task_id or holder.token is None:
         return False
     owner = RedisLock(probe.client, key, token=holder.token, scripting=locking.settings.scripting)
+    if holder.info.get("queued") is True:
+        return _release_lost(owner, task.name, task_id)  # taken at publish, never ran
+    pid = holder.info.get("pid")
+    if holder.info.get("host") != _HOST or not isinstance(pid, int):
+        return False  # not a process of this host: its lease decides
+    if not _process_gone(pid):
+        threading.Thread(
+            target=_release_when_gone, args=(owner, pid, task.name, task_id),
+            name=f"singleton-lock-release-{task_id}", daemon=True,
+        ).start()  # fmt: skip
+        return False
+    return _release_lost(owner, task.name, task_id)
+
+
+def _release_lost(owner: RedisLock, task_name: str, task_id: str) -> bool:
     try:
         owner.release()
     except LockNotOwned:
         return False
-    log.warning("released lock %s of lost or revoked task %s[%s]", key, task.name, task_id)
+    log.warning("released lock %s of lost or revoked task %s[%s]", owner.name, task_name, task_id)
     return True
+
+
+def _release_when_gone(owner: RedisLock, pid: int, task_name: str, task_id: str) -> None:
+    """Wait for process ``pid`` to stop, then release; give up once the lock is no longer
+    held by that run (it released it itself, or its lease ran out)."""
+    next_check = time.monotonic() + _HOLD_CHECK_INTERVAL
+    try:
+        while not _process_gone(pid):
+            time.sleep(_PID_POLL_INTERVAL)
+            if time.monotonic() >= next_check:
+                if not owner.owned():
+                    return
+                next_check = time.monotonic() + _HOLD_CHECK_INTERVAL
+        _release_lost(owner, task_name, task_id)
+    except Exception:  # a background thread must never take the worker down
+        log.exception(
+            "could not release lock %s of lost task %s[%s]", owner.name, task_name, task_id
+        )
 
 
 # -- publishing ------------------------------------------------------------------------

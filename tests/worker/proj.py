@@ -11,6 +11,7 @@ from __future__ import annotations
 import enum
 import json
 import os
+import signal
 import threading
 import time
 from typing import Any
@@ -296,5 +297,14 @@ def queued_retry(name: str) -> str:
 )  # fmt: skip
 def retry_auto(name: str, seconds: float) -> str:
     """Retry policy with the automatic countdown (no lock_retry_delay)."""
+    section(name, seconds)
+    return "ran"
+
+
+@app.task(base=LockedTask, lock_keys=["name"], lock_timeout=30.0)
+def stubborn(name: str, seconds: float) -> str:
+    """Keeps running after SIGTERM (revoke(terminate=True)), as a body that handles the
+    signal or sits in a C call would."""
+    signal.signal(signal.SIGTERM, lambda *_: data().rpush(f"sigterm:{name}", os.getpid()))
     section(name, seconds)
     return "ran"

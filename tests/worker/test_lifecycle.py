@@ -160,3 +160,24 @@ def test_redelivery_after_a_killed_child_runs_instead_of_skipping(
         os.kill(pid, signal.SIGKILL)
     assert result.get(timeout=20) == "ran"
     assert int(data.get("deliveries:rd")) == 2
+
+
+def test_terminated_child_that_keeps_running_keeps_its_lock(
+    proj: ModuleType, data: redis.Redis, workers: Any
+) -> None:
+    """revoke(terminate=True) of a body that outlives SIGTERM: the parent frees the lock
+    only once that child has stopped running it, so a duplicate meanwhile is skipped; after
+    the body ends the lock is free again."""
+    workers(concurrency=2)
+    first = proj.stubborn.delay("stub", 4.0)
+    assert wait_for(lambda: data.llen("events:stub") >= 1, timeout=20)
+    proj.app.control.revoke(first.id, terminate=True)
+    assert wait_for(lambda: data.llen("sigterm:stub") >= 1, timeout=10)
+    time.sleep(0.5)  # the parent has had its chance to release early
+    duplicate = proj.stubborn.delay("stub", 0.2)
+    duplicate.get(timeout=20)
+    assert data.get("overlaps:stub") is None
+    assert wait_for(lambda: data.llen("events:stub") >= 2, timeout=20)  # the body ended
+    after = proj.stubborn.delay("stub", 0.1)
+    assert after.get(timeout=20) == "ran"
+    assert data.get("overlaps:stub") is None
