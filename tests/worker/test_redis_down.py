@@ -8,7 +8,6 @@ from typing import Any
 
 import pytest
 import redis
-from celery.exceptions import ImproperlyConfigured
 
 from celery_singleton_lock.testing import RedisServer, free_port
 from tests.worker.conftest import wait_for
@@ -52,13 +51,12 @@ def test_fail_open_runs_the_task_and_says_so(
     assert "UNLOCKED" in worker.log()
 
 
-def test_bad_setting_fails_the_task_naming_the_setting(
+def test_bad_setting_stops_the_worker_at_start_naming_the_setting(
     proj: ModuleType, data: redis.Redis, workers: Any
 ) -> None:
-    """A bad singleton_lock_on_conflict makes the task fail with ImproperlyConfigured
-    naming the setting, before its body runs."""
-    workers(concurrency=1, extra_env={"CSL_ON_CONFLICT": "explode"})
-    result = proj.skippy.delay("bad", 0.1)
-    with pytest.raises(ImproperlyConfigured, match="singleton_lock_on_conflict"):
-        result.get(timeout=30)
+    """A bad singleton_lock_on_conflict makes the worker refuse to start (non-zero exit,
+    a message naming the setting), so no task ever runs under it."""
+    with pytest.raises(RuntimeError, match="singleton_lock_on_conflict") as failed:
+        workers(concurrency=1, extra_env={"CSL_ON_CONFLICT": "explode"})
+    assert "exited at start" in str(failed.value)
     assert data.llen("events:bad") == 0
