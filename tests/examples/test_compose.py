@@ -70,14 +70,20 @@ def modules_named(command: list[str]) -> list[str]:
     ]
 
 
-def referenced_services(service: dict[str, Any], names: set[str]) -> set[str]:
-    """Compose services this service's environment reaches by hostname."""
-    found = set()
+def referenced_services(service: dict[str, Any], names: set[str]) -> dict[str, set[int]]:
+    """Compose services this service's environment reaches by hostname, with the ports."""
+    found: dict[str, set[int]] = {}
     for value in (service.get("environment") or {}).values():
-        host = urlsplit(str(value)).hostname
-        if host in names:
-            found.add(host)
+        url = urlsplit(str(value))
+        if url.hostname in names:
+            found.setdefault(url.hostname, set()).add(url.port or 6379)
     return found
+
+
+def listening_port(service: dict[str, Any]) -> int:
+    """The port a Redis service listens on: its ``--port`` argument, else 6379."""
+    command = [str(arg) for arg in service.get("command") or []]
+    return int(command[command.index("--port") + 1]) if "--port" in command else 6379
 
 
 # -- running a service locally -------------------------------------------------------------
@@ -176,15 +182,17 @@ def test_every_service_has_an_image_that_exists(services: Services) -> None:
 
 
 def test_services_wait_for_the_redis_they_use(services: Services) -> None:
-    """A service whose environment names another service depends on it being healthy, that
-    service has a healthcheck, and every ``depends_on`` names a service of the file."""
+    """A service whose environment names another service depends on it being healthy, on
+    the port it listens on; that service has a healthcheck; every ``depends_on`` names a
+    service of the file."""
     names = set(services)
     checked = 0
     for name, service in services.items():
         depends = service.get("depends_on") or {}
         assert set(depends) <= names, f"{name}: depends on unknown {set(depends) - names}"
-        for target in referenced_services(service, names):
+        for target, ports in referenced_services(service, names).items():
             assert target in depends, f"{name} uses {target} without depends_on"
+            assert ports == {listening_port(services[target])}, f"{name}: {target} ports {ports}"
             assert depends[target]["condition"] == "service_healthy", name
             assert services[target].get("healthcheck"), f"{target} has no healthcheck"
             checked += 1
