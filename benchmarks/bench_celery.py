@@ -72,7 +72,12 @@ from typing import Any
 
 import redis
 
-from celery_singleton_lock.testing import RedisServer, find_redis_server
+from celery_singleton_lock.testing import (
+    CeleryProcess,
+    CeleryWorker,
+    RedisServer,
+    find_redis_server,
+)
 
 ROOT = Path(__file__).resolve().parents[1]
 APP_MODULE = "benchmarks.celery_app"
@@ -244,58 +249,6 @@ def side_thread_seconds(pid: int) -> float:
     return total
 
 
-def children_of(pid: int) -> list[int]:
-    """Direct children of ``pid`` (the prefork pool processes of a worker)."""
-    found = []
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            with contextlib.suppress(OSError, IndexError):
-                if int(_stat_fields(int(entry.name))[1]) == pid:
-                    found.append(int(entry.name))
-    return found
-
-
-# --- the worker ----------------------------------------------------------------------------
-
-
-@dataclass
-class Worker:
-    """One ``celery worker`` process group, stopped by its PID."""
-
-    process: subprocess.Popen[bytes]
-    log: Path
-
-    def text(self) -> str:
-        return self.log.read_text(errors="replace") if self.log.exists() else ""
-
-    def alive(self) -> bool:
-        return self.process.poll() is None
-
-    def stop(self, timeout: float = 15.0) -> None:
-        """Warm shutdown (SIGTERM to the group), then SIGKILL to the group after ``timeout``."""
-        pgid = self.process.pid
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(pgid, signal.SIGTERM)
-        try:
-            self.process.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(pgid, signal.SIGKILL)
-            self.process.wait(timeout=10)
-        with contextlib.suppress(ProcessLookupError):  # no pool child may outlive its parent
-            os.killpg(pgid, signal.SIGKILL)
-
-
-def worker_command(log: Path, concurrency: int, hostname: str) -> list[str]:
-    """The ``celery worker`` command line of the benchmark."""
-    return [
-        sys.executable, "-m", "celery", "-A", APP_MODULE, "worker",
-        "--pool", "prefork", "--concurrency", str(concurrency),
-        "--without-gossip", "--without-mingle", "--without-heartbeat",
-        "--loglevel", "WARNING", "--logfile", str(log), "--hostname", hostname,
-    ]  # fmt: skip
-
-
 # --- one measurement -----------------------------------------------------------------------
 
 
@@ -393,35 +346,34 @@ class Bench:
         progress = self.tmp / f"progress-{run_id}"
         progress.mkdir()
         env = {
-            **os.environ,
             "CSL_BENCH_PROGRESS": str(progress),
             "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
         }
-        process = subprocess.Popen(
-            worker_command(log, self.params.concurrency, f"bench-{run_id}@%h"),
-            cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )  # fmt: skip
-        worker = Worker(process, log)
+        # Prefork, concurrency 2, no gossip, mingle or heartbeat; WARNING logs no " ready.":
+        # readiness is the progress directory's "ready" file (the worker_ready signal).
+        worker = CeleryWorker(
+            APP_MODULE, pool="prefork", concurrency=self.params.concurrency,
+            hostname=f"bench-{run_id}@%h", loglevel="WARNING", env=env, cwd=ROOT, log_path=log,
+        ).start(wait=False)  # fmt: skip
         cpu: Result = {}
         try:
             status = self._wait(worker, progress, tasks)
             if status == "ok":  # CPU used by the drain, read before the processes go
                 ready_cpu = float((progress / "ready").read_text() or 0)
-                cpu["parent_cpu"] = cpu_seconds(process.pid) - ready_cpu
-                pool = children_of(process.pid)
+                cpu["parent_cpu"] = cpu_seconds(worker.pid) - ready_cpu
+                pool = worker.children()
                 cpu["children_cpu"] = sum(cpu_seconds(pid) for pid in pool)
                 cpu["side_threads_cpu"] = sum(side_thread_seconds(pid) for pid in pool)
                 cpu["servers_drained"] = self._server_cpu()
         finally:
-            worker.stop()
+            worker.stop(group=True)
         # The slots outlive the pool processes: read the final values once they are gone.
         starts, ended, end, odd = self.app_module.read_progress(progress)
         if status == "ok" and (odd or ended != tasks):
             status = f"{ended} tasks ended, {odd} of them failed or skipped their body"
         result: Result = {"status": status}
         if status != "ok":
-            result["log_tail"] = worker.text()[-3000:]
+            result["log_tail"] = worker.log()[-3000:]
             return result
         drain_s = (end - min(starts)) / 1e9
         result.update(drain_s=drain_s, drain_rate=tasks / drain_s, processes=len(starts), **cpu)
@@ -431,7 +383,7 @@ class Bench:
         """CPU seconds used so far by the broker and the lock server."""
         return cpu_seconds(self.broker.pid), cpu_seconds(self.lock.pid)
 
-    def _wait(self, worker: Worker, progress: Path, tasks: int) -> str:
+    def _wait(self, worker: CeleryProcess, progress: Path, tasks: int) -> str:
         """Poll the progress slots until every task ended; bounded by start and stall limits."""
         read = self.app_module.read_progress
         deadline = time.monotonic() + self.params.ready_timeout

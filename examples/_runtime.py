@@ -20,8 +20,6 @@ import argparse
 import contextlib
 import os
 import signal
-import subprocess
-import sys
 import tempfile
 import time
 import uuid
@@ -34,16 +32,19 @@ from urllib.parse import urlsplit
 
 import redis
 
-from celery_singleton_lock.testing import RedisServer
+from celery_singleton_lock.testing import (
+    CeleryBeat,
+    CeleryProcess,
+    CeleryWorker,
+    RedisServer,
+)
 
 __all__ = [
     "ROOT",
-    "Service",
     "Stack",
     "add_redis_url_option",
     "guarded",
     "masked",
-    "process_group_alive",
     "redis_url_from",
 ]
 
@@ -59,69 +60,6 @@ def masked(url: str) -> str:
     if not parts.password:
         return url
     return parts._replace(netloc=parts.netloc.replace(f":{parts.password}@", ":**@", 1)).geturl()
-
-
-def process_group_alive(pgid: int) -> bool:
-    """Whether any process of group ``pgid`` is still running (zombies do not count)."""
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        with contextlib.suppress(OSError, ValueError, IndexError):
-            # Fields after the parenthesised command: state, ppid, pgrp, ...
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-            if int(fields[2]) == pgid and fields[0] not in ("Z", "X"):
-                return True
-    if not Path("/proc/self/stat").exists():  # no procfs (macOS): ask the kernel instead
-        try:
-            os.killpg(pgid, 0)
-        except (ProcessLookupError, PermissionError):
-            return False
-        return True
-    return False
-
-
-@dataclass
-class Service:
-    """One ``celery`` process (and its pool children), in a process group of its own."""
-
-    name: str
-    process: subprocess.Popen[bytes]
-    log: Path
-    ready_marker: str
-
-    @property
-    def pid(self) -> int:
-        """PID of the main process, which is also the process group id."""
-        return self.process.pid
-
-    def text(self) -> str:
-        """Everything the service logged so far."""
-        return self.log.read_text(errors="replace") if self.log.exists() else ""
-
-    def ready(self) -> bool:
-        """Whether the service logged that it is ready."""
-        return self.ready_marker in self.text()
-
-    def terminate(self) -> None:
-        """Ask the whole group to stop (SIGTERM: Celery's warm shutdown)."""
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(self.pid, signal.SIGTERM)
-
-    def stop(self, timeout: float, *, terminate: bool = True) -> None:
-        """SIGTERM to the group (unless already sent), wait at most ``timeout`` s, then
-        SIGKILL the group; return once no process of the group is left."""
-        if terminate:
-            self.terminate()
-        try:
-            self.process.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(self.pid, signal.SIGKILL)
-            self.process.wait(timeout=10)
-        # A pool child that outlived its parent would still be in the group: none may stay.
-        deadline = time.monotonic() + 5
-        while process_group_alive(self.pid) and time.monotonic() < deadline:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(self.pid, signal.SIGKILL)
-            time.sleep(0.05)
 
 
 def _interrupt(signum: int, frame: FrameType | None) -> None:
@@ -143,7 +81,7 @@ class Stack:
     echo: Callable[[str], None] = print
     stop_timeout: float = 10.0
     run_id: str = field(default_factory=lambda: uuid.uuid4().hex[:8])
-    services: list[Service] = field(default_factory=list)
+    services: list[CeleryProcess] = field(default_factory=list)
     server: RedisServer | None = None
     #: Key patterns deleted at close, on a Redis the user gave (see :meth:`forget`).
     forget_on_close: list[str] = field(default_factory=list)
@@ -213,22 +151,10 @@ class Stack:
 
     # -- processes -------------------------------------------------------------------------
 
-    def _spawn(self, name: str, argv: Sequence[str], env: dict[str, str], marker: str) -> Service:
+    def _logfile(self, name: str) -> Path:
         if self._logs is None:
             raise RuntimeError("the stack is not started")
-        log = Path(self._logs.name, f"{name}.log")
-        console = Path(self._logs.name, f"{name}.out").open("wb")  # noqa: SIM115
-        try:
-            process = subprocess.Popen(
-                [sys.executable, "-m", "celery", *argv, "--logfile", str(log)],
-                cwd=ROOT, env=env, stdin=subprocess.DEVNULL, stdout=console,
-                stderr=subprocess.STDOUT, start_new_session=True,
-            )  # fmt: skip
-        finally:
-            console.close()
-        service = Service(name, process, log, marker)
-        self.services.append(service)
-        return service
+        return Path(self._logs.name, f"{name}.log")
 
     def workers(
         self,
@@ -239,67 +165,51 @@ class Stack:
         queue: str | None = None,
         env: dict[str, str] | None = None,
         ready_timeout: float = 60.0,
-    ) -> list[Service]:
+    ) -> list[CeleryProcess]:
         """Start ``count`` prefork workers of ``app`` at once; return when all are ready."""
-        started = []
+        started: list[CeleryProcess] = []
         for index in range(1, count + 1):
             name = f"{self.name}-w{index}-{self.run_id}"
-            argv = [
-                "-A", app, "worker", "--pool", "prefork", "--concurrency", str(concurrency),
-                "--hostname", f"{name}@%h", "--loglevel", "INFO",
-                "--without-gossip", "--without-mingle", "--without-heartbeat",
-                *(["--queues", queue] if queue else []),
-            ]  # fmt: skip
-            started.append(self._spawn(name, argv, self.env(env), " ready."))
+            worker = CeleryWorker(
+                app, pool="prefork", concurrency=concurrency, hostname=f"{name}@%h",
+                queues=[queue] if queue else [], env=self.env(env), cwd=ROOT,
+                log_path=self._logfile(name),
+            )  # fmt: skip
+            self.services.append(worker)
+            started.append(worker.start(wait=False))
         self.wait_ready(started, ready_timeout)
         return started
 
     def beat(
         self, app: str, *, label: str = "beat", env: dict[str, str] | None = None,
         wait: bool = True, ready_timeout: float = 30.0,
-    ) -> Service:  # fmt: skip
+    ) -> CeleryProcess:  # fmt: skip
         """Start ``celery beat`` for ``app``; with ``wait``, return when its scheduler runs
         (else call :meth:`wait_ready`)."""
-        if self._logs is None:
-            raise RuntimeError("the stack is not started")
-        name = f"{self.name}-{label}-{self.run_id}"
-        argv = [
-            "-A", app, "beat", "--loglevel", "INFO",
-            "--schedule", str(Path(self._logs.name, f"{label}-schedule")),
-            "--pidfile", str(Path(self._logs.name, f"{label}.pid")),
-        ]  # fmt: skip
-        service = self._spawn(name, argv, self.env(env), "beat: Starting")
+        log = self._logfile(f"{self.name}-{label}-{self.run_id}")
+        service = CeleryBeat(
+            app, schedule=log.with_name(f"{label}-schedule"), pidfile=log.with_name(f"{label}.pid"),
+            env=self.env(env), cwd=ROOT, log_path=log, name=log.stem,
+        )  # fmt: skip
+        self.services.append(service)
+        service.start(wait=False)
         if wait:
             self.wait_ready([service], ready_timeout)
         return service
 
-    def wait_ready(self, services: list[Service], timeout: float = 60.0) -> None:
-        """Wait (at most ``timeout`` s) until every service logged that it is ready."""
+    def wait_ready(self, services: Sequence[CeleryProcess], timeout: float = 60.0) -> None:
+        """Wait (at most ``timeout`` s in all) until every service logged that it is ready."""
         deadline = time.monotonic() + timeout
-        pending = list(services)
-        while pending:
-            for service in list(pending):
-                if service.ready():
-                    pending.remove(service)
-                elif service.process.poll() is not None:
-                    raise RuntimeError(f"{service.name} exited at start:\n{self.tail(service)}")
-            if pending and time.monotonic() > deadline:
-                raise TimeoutError(f"{pending[0].name} not ready:\n{self.tail(pending[0])}")
-            time.sleep(0.05)
+        for service in services:
+            service.wait_ready(max(0.0, deadline - time.monotonic()))
         for service in services:
             self.echo(f"started {service.name} pid {service.pid}")
 
-    def tail(self, service: Service, lines: int = 30) -> str:
-        """The last lines a service wrote (log file and console), for error messages."""
-        console = service.log.with_suffix(".out")
-        text = service.text() + (console.read_text(errors="replace") if console.exists() else "")
-        return "\n".join(text.splitlines()[-lines:])
-
-    def stop(self, service: Service, timeout: float = 10.0) -> None:
-        """Stop one service (bounded) and forget it."""
+    def stop(self, service: CeleryProcess, timeout: float = 10.0) -> None:
+        """Stop one service (bounded; SIGTERM to its group) and forget it."""
         if service in self.services:
             self.services.remove(service)
-        service.stop(timeout)
+        service.stop(timeout, group=True)
         self.echo(f"stopped {service.name} pid {service.pid}")
 
     # -- teardown --------------------------------------------------------------------------
@@ -335,7 +245,7 @@ class Stack:
         try:
             services, self.services = self.services, []
             for service in services:
-                service.terminate()
+                service.terminate(group=True)
             deadline = time.monotonic() + self.stop_timeout
             for service in services:
                 service.stop(max(0.0, deadline - time.monotonic()), terminate=False)

@@ -87,7 +87,7 @@ def run(args: argparse.Namespace) -> int:
         time.sleep(args.seconds)
         client = stack.client()
         backlog = int(client.llen(f"{namespace}:{namespace}"))  # messages waiting in the queue
-        ticks = {variant: beat.text().count("Sending due task") for variant, beat in beats.items()}
+        ticks = {variant: beat.log().count("Sending due task") for variant, beat in beats.items()}
         for beat in beats.values():
             stack.stop(beat)
         # Let the runs in progress finish (bounded), so every run has an end.

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from examples._runtime import process_group_alive
+from celery_singleton_lock.testing import process_group_alive
 from tests.examples.conftest import ROOT, example_env, run_example, started_pids
 
 pytestmark = pytest.mark.slow

@@ -224,8 +224,8 @@ def test_per_call_lock_wait(contact: ModuleType, data: redis.Redis, worker: Any,
     assert time.monotonic() - started < 15
     assert data.llen("probe:w") == 0
     # a waiting run says so at INFO: what it waits for and for how long at most
-    assert f"waiting for lock {key}" in worker.text()
-    assert "at most 0.5 s" in worker.text()
+    assert f"waiting for lock {key}" in worker.log()
+    assert "at most 0.5 s" in worker.log()
 
 
 def test_per_call_lock_retry_delay(
@@ -275,7 +275,7 @@ def test_worker_logs_where_the_locks_go_with_the_password_masked(
         redis.Redis(host="127.0.0.1", port=locked_server.port).config_set("requirepass", SECRET)
         url = f"redis://:{SECRET}@127.0.0.1:{locked_server.port}/0"
         worker = workers(concurrency=1, app=APP, extra_env={"CSL_LOCK_URL": url})
-        log = worker.text()
+        log = worker.log()
         assert "singleton locks:" in log
         assert "from singleton_lock_url" in log
         assert f"127.0.0.1:{locked_server.port}" in log
@@ -289,14 +289,14 @@ def test_worker_logs_where_the_locks_go_with_the_password_masked(
         assert report.returncode == 0, report.stderr
         assert "singleton_lock_url" in report.stdout
         assert SECRET not in report.stdout + report.stderr
-        assert SECRET not in worker.text()
+        assert SECRET not in worker.log()
 
 
 def test_worker_says_when_the_lock_url_came_from_the_broker(
     contact: ModuleType, data: redis.Redis, workers: Any
 ) -> None:
     worker = workers(concurrency=1, app=APP)
-    assert "from broker_url" in worker.text()
+    assert "from broker_url" in worker.log()
 
 
 def test_unreachable_lock_redis_is_reported_at_start(
@@ -304,7 +304,7 @@ def test_unreachable_lock_redis_is_reported_at_start(
 ) -> None:
     dead = f"redis://:{SECRET}@127.0.0.1:{free_port()}/0"
     worker = workers(concurrency=1, app=APP, extra_env={"CSL_LOCK_URL": dead})
-    log = worker.text()
+    log = worker.log()
     assert "unreachable" in log
     assert "singleton_lock_url" in log
     assert SECRET not in log

@@ -52,7 +52,7 @@ def test_fail_open_runs_the_task_and_says_so(
     dead = f"redis://127.0.0.1:{free_port()}/0"
     worker = workers(concurrency=1, extra_env={"CSL_LOCK_URL": dead, "CSL_FAIL_OPEN": "1"})
     assert proj.skippy.delay("open", 0.1).get(timeout=30) == "ran"
-    assert "UNLOCKED" in worker.text()
+    assert "UNLOCKED" in worker.log()
 
 
 def test_stalled_lock_redis_does_not_hang_a_task(
