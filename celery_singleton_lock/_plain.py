@@ -41,8 +41,9 @@ class PlainProtocol(Protocol):
     def step(self, where: str) -> None:
         """Called between protocol steps ("after-setnx", "before-getset"); a no-op."""
 
-    def acquire(self, token: str, lease_ms: int, mode: bytes) -> Attempt:
+    def acquire(self, token: str, lease_ms: int, mode: bytes, claim: str = "") -> Attempt:
         grace = grace_ms(lease_ms)
+        ours = {token, claim} - {""}
         for _ in range(ACQUIRE_ROUNDS):
             now_ms, now_us = self.server_time()
             mine = format_value(now_ms + lease_ms, True, token, now_us, self.info)
@@ -57,13 +58,13 @@ class PlainProtocol(Protocol):
                         continue  # released between SETNX and GET: try SETNX again
                     current = parse_value(raw)
                     ttl = pipe.pttl(self.name) if current.expiry_ms is None else None
-                    if current.held_at(now_ms, ttl) and current.token != token:
+                    if current.held_at(now_ms, ttl) and current.token not in ours:
                         return Attempt(
                             False, max(1, (current.expiry_ms or now_ms + (ttl or 1)) - now_ms)
                         )
                     fence = max(now_us, (current.fence or 0) + 1)
-                    if current.token == token and current.fence:
-                        fence = current.fence  # our own hold (e.g. a retried call): keep it
+                    if current.token in ours and current.fence:
+                        fence = current.fence  # our own hold, or the one we claim: keep it
                     mine = format_value(now_ms + lease_ms, True, token, fence, self.info)
                     self.step("before-getset")
                     pipe.multi()

@@ -48,9 +48,10 @@ class Protocol(ABC):
         self.info = info
 
     @abstractmethod
-    def acquire(self, token: str, lease_ms: int, mode: bytes) -> Attempt:
+    def acquire(self, token: str, lease_ms: int, mode: bytes, claim: str = "") -> Attempt:
         """One try. ``mode``: b"1" after waiting, b"0" for a first blocking try, b"x" for a
-        non-blocking try (which asks nobody to wake it)."""
+        non-blocking try (which asks nobody to wake it). A hold under the owner token
+        ``claim`` (when not empty) is taken over as if it were ours."""
 
     @abstractmethod
     def release(self, token: str) -> int:

@@ -49,10 +49,10 @@ class ScriptedProtocol(Protocol):
         self._signal_b = signal_key.encode()
         self._info_b = info.encode()
 
-    def acquire(self, token: str, lease_ms: int, mode: bytes) -> Attempt:
+    def acquire(self, token: str, lease_ms: int, mode: bytes, claim: str = "") -> Attempt:
         result = call(
             self.name, _ACQUIRE, self.client, 1, self._name_b, token, lease_ms,
-            grace_ms(lease_ms), mode, self._info_b,
+            grace_ms(lease_ms), mode, self._info_b, claim,
         )  # fmt: skip
         return Attempt(int(result[0]) == 1, int(result[1]))
 

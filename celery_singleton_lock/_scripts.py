@@ -46,6 +46,8 @@ ACQUIRE = (
 -- ARGV[4] '1' if this client has been waiting (written as the flag), '0' if not, 'x' for a
 --         non-blocking try (flag '0', and a failure does not ask for a wake-up)
 -- ARGV[5] holder info
+-- ARGV[6] a claimed owner token ('' for none): a hold under it is taken over as our own
+--         (keeping its fencing token), as a delivery claims its queued message's lock
 -- returns {1, fencing token, expiry ms} when acquired,
 --         {0, ms until the holder's lease ends (>= 1)} when held by someone else
 local t = redis.call('TIME')
@@ -64,8 +66,8 @@ end
 local current = redis.call('GET', KEYS[1])
 if current then
   local held_until, flag_at, old_fence, owner = parse(current)
-  if owner == ARGV[1] then
-    fence = old_fence  -- our own hold (a retried call, or the run of a queued task): keep it
+  if owner == ARGV[1] or (ARGV[6] ~= '' and owner == ARGV[6]) then
+    fence = old_fence  -- our own hold, or the one we claim: keep its fencing token
   elseif held_until == nil then
     local ttl = redis.call('PTTL', KEYS[1])
     if ttl > 0 then return {0, ttl} end

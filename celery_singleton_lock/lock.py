@@ -84,8 +84,10 @@ class RedisLock:
     ``timeout`` is the lease in seconds. ``auto_renew`` keeps extending the lease while the
     lock is held (see ``lease_lost``). ``fallback_poll`` bounds how long a waiter sleeps
     without news before it looks again. ``token`` fixes the owner token (several instances
-    sharing a token are one owner); ``holder_info`` is a short text (or JSON-able mapping)
-    stored with the lock for operators.
+    sharing a token are one owner); ``claim`` names another owner token whose hold this
+    lock's acquire takes over atomically, fencing token included (how the run of a queued
+    task takes the lock its message held); ``holder_info`` is a short text (or JSON-able
+    mapping) stored with the lock for operators.
     """
 
     #: The protocol for each value of ``scripting``; tests substitute instrumented ones.
@@ -104,14 +106,16 @@ class RedisLock:
         scripting: bool = True,
         fallback_poll: float = 1.0,
         token: str | None = None,
+        claim: str | None = None,
         holder_info: str | dict[str, Any] | None = None,
     ) -> None:
         if not isinstance(name, str) or not name:
             raise ValueError(f"lock name must be a non-empty string, got {name!r}")
         self._lease_ms = _lease_ms(timeout, "timeout")
         _lease_ms(fallback_poll, "fallback_poll")
-        if token is not None and (not token or ":" in token):
-            raise ValueError(f"token must be a non-empty string without ':', got {token!r}")
+        for label, given in (("token", token), ("claim", claim)):
+            if given is not None and (not given or ":" in given):
+                raise ValueError(f"{label} must be a non-empty string without ':', got {given!r}")
         self.client = client
         self.name = name
         self.timeout = float(timeout)
@@ -119,6 +123,7 @@ class RedisLock:
         self.scripting = scripting
         self.fallback_poll = float(fallback_poll)
         self.token = token or uuid.uuid4().hex
+        self.claim = claim or ""
         self.signal_key = companion_key(name, "signal")
         if holder_info is None:
             holder_info = {"host": socket.gethostname(), "pid": os.getpid()}
@@ -155,7 +160,7 @@ class RedisLock:
         while True:
             started = time.monotonic()
             mode = b"1" if waited else b"0" if blocking else b"x"
-            acquired, number = self.protocol.acquire(self.token, self._lease_ms, mode)
+            acquired, number = self.protocol.acquire(self.token, self._lease_ms, mode, self.claim)
             if acquired:
                 self.fencing_token = number
                 self._on_acquired(started)

@@ -30,11 +30,12 @@ from celery.exceptions import ImproperlyConfigured
 from celery.utils import uuid
 from kombu.serialization import dumps, loads
 
+from celery_singleton_lock._redis import call
 from celery_singleton_lock.client import LockClient, redis_for
 from celery_singleton_lock.config import settings_for
 from celery_singleton_lock.exceptions import LockBackendError, LockNotOwned, TaskLocked
 from celery_singleton_lock.keys import check_lock_keys, task_lock_key
-from celery_singleton_lock.lock import Holder, RedisLock
+from celery_singleton_lock.lock import Holder, RedisLock, companion_key
 from celery_singleton_lock.options import (
     TASK_OPTION_PREFIX,
     LockOptions,
@@ -87,6 +88,11 @@ HEADER_OPTIONS = "singleton_lock_options"
 HEADER_KEY = "singleton_lock_key"
 #: Attribute of a run's request (Celery's ``Context``) that holds the lock it took.
 _REQUEST_ATTR = "singleton_lock"
+#: Header of a message republished because an earlier delivery of it held the lock: when
+#: it runs, it first checks that the earlier one did not finish the work.
+HEADER_DUPLICATE = "singleton_lock_duplicate"
+#: Suffix of the key that remembers the last finished queue-scope run of a lock.
+DONE_SUFFIX = "done"
 #: ``apply_async`` option of a retry that the lock layer itself asks for (the lock was
 #: busy or unreachable): publish it as it is, never blocked or lost on the queue lock.
 REPUBLISH_OPTION = "singleton_lock_republish"
@@ -151,21 +157,32 @@ class TaskLocking:
         """The lock Redis client of ``app`` in this process."""
         return redis_for(app, self.settings.url)
 
-    def new_lock(self, app: Any, key: str, task_id: str, *, queued: bool = False) -> RedisLock:
-        """The RedisLock a run (or, with ``queued``, a publish) of the task uses for ``key``."""
+    def new_lock(
+        self, app: Any, key: str, task_id: str, *, queued: bool = False, claim: str | None = None
+    ) -> RedisLock:
+        """The RedisLock of a publish (``queued``) or of one delivery's run of the task.
+
+        A queue-scope publish holds the lock under a token derived from the task id; the
+        delivery that runs the message claims that hold under a token of its own, so a
+        second delivery of the same message (broker redelivery, a task id published twice)
+        is a rival, never the same owner. ``claim`` overrides the token to take over.
+        """
         info: dict[str, Any] = {
             "task_id": task_id, "task": self.task_name, "host": _HOST, "pid": os.getpid(),
         }  # fmt: skip
         if queued:
             info["queued"] = True
         options = self.options
+        if claim is None and options.scope == "queue" and not queued:
+            claim = queue_token(task_id)
         return RedisLock(
             self.client(app),
             key,
             timeout=options.queue_timeout if queued else options.timeout,
             auto_renew=options.renew and not queued,
             scripting=self.settings.scripting,
-            token=queue_token(task_id) if options.scope == "queue" else None,
+            token=queue_token(task_id) if queued else None,
+            claim=claim,
             holder_info=json.dumps(info, sort_keys=True, separators=(",", ":")),
         )
 
@@ -329,12 +346,47 @@ def locked_call(task: AnyTask, args: tuple[Any, ...], kwargs: dict[str, Any], ca
         raise _retry(task, exc, countdown, key, max_retries=int(request.retries or 0) + 1) from exc
     if not acquired and not _reclaim_from_dead_delivery(task, lock):
         return _on_conflict(task, lock, key, options)
+    if options.scope == "queue" and _maybe_duplicate(request) and _finished(lock, task_id):
+        lock.release()
+        log.info("%s[%s] not run again: an earlier delivery of it finished", task.name, task_id)
+        return None
     setattr(request, _REQUEST_ATTR, (lock, options))
     context = _current.set(lock)
     try:
         return _body(task, call)(*args, **kwargs)
     finally:
         _current.reset(context)
+
+
+def _maybe_duplicate(request: Any) -> bool:
+    """Whether this delivery may repeat one that already ran: a broker redelivery, or a
+    message republished because an earlier delivery of it held the lock."""
+    delivery = getattr(request, "delivery_info", None) or {}
+    return bool(_header(request, HEADER_DUPLICATE) or delivery.get("redelivered"))
+
+
+def done_key(key: str) -> str:
+    """Where the id of the last queue-scope run of ``key`` that finished is kept."""
+    return companion_key(key, DONE_SUFFIX)
+
+
+def _known_task(lock: RedisLock, task_id: str) -> bool:
+    """Whether ``task_id`` holds ``lock`` now or finished a run under it recently."""
+    holder = lock.holder()
+    if holder is not None and holder.task_id == task_id:
+        return True
+    return _finished(lock, task_id)
+
+
+def _finished(lock: RedisLock, task_id: str) -> bool:
+    """Whether a run of ``task_id`` finished under ``lock``'s key within the queue lease."""
+    done = call(lock.name, lock.client.get, done_key(lock.name))
+    return done is not None and (done.decode() if isinstance(done, bytes) else done) == task_id
+
+
+def _mark_finished(lock: RedisLock, task_id: str, lease: float) -> None:
+    """Record that ``task_id`` finished, so a late duplicate of its message does not run."""
+    call(lock.name, lock.client.set, done_key(lock.name), task_id, px=max(1, int(lease * 1000)))
 
 
 def _log_wait(task: AnyTask, task_id: str, lock: RedisLock, limit: float | None) -> None:
@@ -394,12 +446,20 @@ def _reclaim_from_dead_delivery(task: AnyTask, lock: RedisLock) -> bool:
 
 
 def _retry(
-    task: AnyTask, exc: BaseException, countdown: float, key: str, **options: Any
+    task: AnyTask,
+    exc: BaseException,
+    countdown: float,
+    key: str,
+    *,
+    duplicate: bool = False,
+    **options: Any,
 ) -> BaseException:
     """``task.retry`` for a lock that was busy or unreachable: the retried message carries
     this run's key and options and is published past the queue lock (which may be held by
     someone else, or unreachable), so it can neither be dropped nor stay in RETRY."""
     headers: dict[str, Any] = {HEADER_KEY: key}
+    if duplicate:
+        headers[HEADER_DUPLICATE] = True
     carried = _header(task.request, HEADER_OPTIONS)
     if carried:
         headers[HEADER_OPTIONS] = carried
@@ -428,7 +488,14 @@ def _on_conflict(task: AnyTask, lock: RedisLock, key: str, options: LockOptions)
         # An earlier delivery of this same message still holds it (alive elsewhere, or not
         # provably dead): skipping would drop the work, so come back later.
         exc = TaskLocked(key, holder_id)
-        raise _retry(task, exc, _countdown(options, holder, retries), key, max_retries=retries + 1)
+        countdown = _countdown(options, holder, retries)
+        raise _retry(task, exc, countdown, key, duplicate=True, max_retries=retries + 1)
+    if options.on_conflict == "skip" and retries:
+        # A retried run (its own self.retry(), or a retry the lock asked for) is the work
+        # itself, not a duplicate of it: skipping it would drop that work. Come back.
+        exc = TaskLocked(key, holder_id)
+        countdown = _countdown(options, holder, retries)
+        raise _retry(task, exc, countdown, key, max_retries=retries + 1)
     if options.on_conflict == "skip":
         log.info("%s[%s] skipped: %s is held by %s", task.name, task.request.id, key, holder_id)
         return None
@@ -446,9 +513,11 @@ def release_after_run(task: AnyTask, task_id: str, state: str | None) -> None:
     setattr(request, _REQUEST_ATTR, None)
     lock, options = entry
     if state == "RETRY" and options.scope == "queue":
-        lock.detach()  # the retried message owns it now (same token); apply_async set its lease
+        lock.detach()  # the retried message took this hold over when it was published
         return
     try:
+        if options.scope == "queue":
+            _mark_finished(lock, task_id, options.queue_timeout)
         lock.release()
     except LockNotOwned:
         log.warning("lock %s of task %s had expired before the run ended", lock.name, task_id)
@@ -538,19 +607,31 @@ def locked_apply_async(
         options["headers"] = headers
     if locking.options.scope != "queue":
         return publish(args, kwargs, **options)
-    task_id = options.pop("task_id", None) or uuid()
+    explicit_id = options.pop("task_id", None)
+    task_id = explicit_id or uuid()
     key = locking.key(args, kwargs, serializer=options.get("serializer"))
     running = current_lock()
-    if running is not None and running.name == key and running.token == queue_token(task_id):
-        running.detach()  # self.retry(): hand the lock over to the retried message
-    lock = locking.new_lock(task.app, key, task_id, queued=True)
+    handing_over = running is not None and running.name == key and task.request.id == task_id
+    if handing_over:
+        # self.retry() of this very run: the retried message takes the run's hold over.
+        running.detach()  # type: ignore[union-attr]
+    claim = running.token if handing_over else None  # type: ignore[union-attr]
+    lock = locking.new_lock(task.app, key, task_id, queued=True, claim=claim)
     try:
+        if explicit_id and not handing_over and _known_task(lock, task_id):
+            log.info("%s[%s] not published again: that task id is queued, running or done",
+                     task.name, task_id)  # fmt: skip
+            return task.AsyncResult(task_id)
         acquired = lock.acquire(blocking=False)
     except LockBackendError:
         if not locking.settings.fail_open:
             raise
         log.warning("singleton lock unavailable: publishing %s[%s] unlocked", task.name, task_id)
         return publish(args, kwargs, task_id=task_id, **options)
+    if not acquired and handing_over:
+        log.warning("%s[%s]: the lease of %s ended before its retry; retrying unlocked until "
+                    "it can take it again", task.name, task_id, key)  # fmt: skip
+        acquired = True
     if not acquired:
         holder = lock.holder()
         holder_id = holder.task_id if holder else None

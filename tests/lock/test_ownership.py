@@ -163,3 +163,33 @@ def test_scripts_reload_after_script_flush(make_lock: Any, client: redis.Redis) 
     client.script_flush()
     assert lock.acquire(blocking=False)
     lock.release()
+
+
+def test_claim_takes_over_a_hold_atomically_keeping_its_fencing_token(make_lock: Any) -> None:
+    """A lock built with ``claim=T`` takes over the hold of owner token T (a queued task's
+    lock, claimed by the delivery that runs it); a second claimant of T then contends like
+    anyone else, and T itself no longer owns anything."""
+    queued = make_lock(token="q-1", timeout=30)
+    assert queued.acquire(blocking=False)
+    fence = queued.fencing_token
+    first = make_lock(token="r-1", claim="q-1", timeout=30)
+    assert first.acquire(blocking=False)
+    assert first.fencing_token == fence
+    assert first.owned()
+    assert not queued.owned()
+    second = make_lock(token="r-2", claim="q-1", timeout=30)
+    assert not second.acquire(blocking=False)
+    with pytest.raises(LockNotOwned):
+        queued.release()
+    assert first.owned()
+    first.release()
+    assert second.acquire(blocking=False)  # a free lock: a fresh hold with a new token
+    assert second.fencing_token is not None
+    assert fence is not None
+    assert second.fencing_token > fence
+    second.release()
+
+
+def test_claim_is_validated(make_lock: Any) -> None:
+    with pytest.raises(ValueError, match="claim"):
+        make_lock(claim="a:b")

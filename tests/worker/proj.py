@@ -34,6 +34,9 @@ app.conf.update(
     },
     task_default_queue=os.environ.get("CSL_QUEUE", "csl-tests"),
     worker_prefetch_multiplier=1,
+    broker_transport_options={
+        "visibility_timeout": float(os.environ.get("CSL_VISIBILITY") or 3600)
+    },
     broker_connection_retry_on_startup=True,
     task_acks_late=False,
     accept_content=(os.environ.get("CSL_ACCEPT") or "json").split(","),
@@ -308,3 +311,25 @@ def stubborn(name: str, seconds: float) -> str:
     signal.signal(signal.SIGTERM, lambda *_: data().rpush(f"sigterm:{name}", os.getpid()))
     section(name, seconds)
     return "ran"
+
+
+@app.task(base=LockedTask, lock_scope="queue", lock_keys=["name"], acks_late=True)
+def late_queued(name: str, seconds: float) -> str:
+    """Queue scope + acks_late: a broker redelivery while it runs must not run beside it."""
+    data().incr(f"runs:{name}")
+    section(name, seconds)
+    return "ran"
+
+
+@app.task(base=LockedTask, bind=True, lock_keys=["name"], max_retries=3)
+def retry_hold(self: Any, name: str, hold: float) -> str:
+    """Run scope + skip: with ``hold`` it holds the lock that long; without, its first
+    attempt calls self.retry() and its second must still run."""
+    if hold:
+        section(name, hold)
+        return "held"
+    attempt = data().incr(f"attempts:{name}")
+    if attempt == 1:
+        raise self.retry(countdown=1.0)
+    section(name, 0.1)
+    return f"attempt {attempt}"

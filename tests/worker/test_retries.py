@@ -97,3 +97,18 @@ def test_automatic_retry_countdown_does_not_wait_out_the_lease(
     assert first.get(timeout=20) == "ran"
     assert duplicate.get(timeout=15) == "ran"
     assert data.get("overlaps:ra") is None
+
+
+def test_run_scope_retry_is_not_skipped_as_a_duplicate(
+    proj: ModuleType, data: redis.Redis, workers: Any
+) -> None:
+    """Run scope + skip: between a task's self.retry() and its next attempt another run of
+    the same work takes the lock; the retried attempt is the work itself, so it comes back
+    after that run instead of being skipped (and never overlaps it)."""
+    workers(concurrency=2)
+    retried = proj.retry_hold.delay("rh", 0)
+    assert wait_for(lambda: data.get("attempts:rh") == "1", timeout=20)
+    other = proj.retry_hold.delay("rh", 3.0)
+    assert other.get(timeout=30) == "held"
+    assert retried.get(timeout=30) == "attempt 2"
+    assert data.get("overlaps:rh") is None
