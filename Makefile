@@ -1,5 +1,5 @@
 # One command per job. Each target sets itself up first (scripts/bootstrap.sh).
-.PHONY: test matrix lint types demo bench
+.PHONY: test matrix docs docs-gen lint types demo bench
 
 VENV := .venv/bin
 
@@ -9,11 +9,21 @@ test:  ## the whole suite: lint, types, layering, then pytest (newest versions) 
 	$(VENV)/ruff format --check .
 	$(VENV)/mypy
 	$(VENV)/lint-imports
+	$(VENV)/mkdocs build --strict --quiet --site-dir build/site
 	scripts/test_all.sh
 
 matrix:  ## only the version matrix (nox sessions matrix(oldest) and matrix(middle))
 	@scripts/bootstrap.sh test,dev
 	$(VENV)/nox -s "matrix(oldest)" "matrix(middle)"
+
+docs:  ## the documentation site (MkDocs, strict) in site/; docs-gen refreshes generated tables
+	@scripts/bootstrap.sh test,dev
+	$(VENV)/python scripts/gen_docs.py
+	$(VENV)/mkdocs build --strict
+
+docs-gen:
+	@scripts/bootstrap.sh test,dev
+	$(VENV)/python scripts/gen_docs.py
 
 lint:
 	@scripts/bootstrap.sh test,dev

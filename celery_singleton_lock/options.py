@@ -232,7 +232,8 @@ class LockOptions:
     )  # fmt: skip
     retry_delay: float | None = _option(
         None, _seconds(minimum=0, inclusive=True),
-        "Countdown of the retry policy; None picks the holder's remaining lease plus jitter.",
+        "Countdown of the retry policy; None: 1 s doubling with each retry (plus jitter), "
+        "never past the holder's remaining lease.",
         values="seconds >= 0, None", none_is_value=True,
     )  # fmt: skip
     queue_timeout: float = _option(
@@ -260,7 +261,7 @@ class Settings(LockOptions):
         none_is_value=True,
     )  # fmt: skip
     prefix: str = _option(
-        "csl", _prefix, "Prefix of every lock key: <prefix>:<task name>:{<digest>}.",
+        "csl", _prefix, "Prefix of every lock key: prefix:task name:{digest}.",
         values="string without braces or whitespace",
     )  # fmt: skip
     tasks: tuple[tuple[str, Mapping[str, Any]], ...] = _option(
@@ -402,7 +403,7 @@ def reference_markdown() -> str:
         task_name = f"`{TASK_OPTION_PREFIX}{row.name}`" if row.name in _names(LockOptions) else "—"
         setting = f"`{SETTING_PREFIX}{row.name}`" if row.metadata["setting"] else "—"
         default = row.default if row.default is not dataclasses.MISSING else None
-        shown = "derived" if row.name == "url" else f"`{default!r}`"
+        shown = {"url": "derived", "tasks": "`{}`"}.get(row.name, f"`{default!r}`")
         doc = row.metadata["doc"].replace("|", "\\|")
         lines.append(f"| {task_name} | {setting} | {shown} | {row.metadata['values']} | {doc} |")
     return "\n".join(lines) + "\n"
