@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import shutil
 import signal
 import socket
@@ -85,6 +86,14 @@ def find_redis_server() -> str | None:
     return embedded_server()
 
 
+#: How many free ports a RedisServer tries before giving up.
+_START_ATTEMPTS = 5
+
+
+class _PortTaken(Exception):
+    """The chosen port was taken by another process before the server could bind it."""
+
+
 class RedisServer:
     """A private ``redis-server`` on ``127.0.0.1:<free port>``; a context manager."""
 
@@ -103,6 +112,7 @@ class RedisServer:
                 "(apt-get install redis-server / brew install redis), or set REDIS_SERVER"
             )
         self.executable = binary
+        self._fixed_port = port is not None
         self.port = port or free_port()
         self.extra_args = extra_args
         self.startup_timeout = startup_timeout
@@ -120,7 +130,19 @@ class RedisServer:
         return self.process.pid if self.process else None
 
     def start(self) -> RedisServer:
-        """Start the server and wait (bounded) until it accepts connections."""
+        """Start the server and wait (bounded) until it accepts connections. When the port
+        was picked here and another process took it meanwhile (test suites running side
+        by side), start again on a new free port."""
+        for _ in range(_START_ATTEMPTS):
+            try:
+                return self._start_once()
+            except _PortTaken:
+                if self._fixed_port:
+                    raise RuntimeError(f"port {self.port} is in use") from None
+                self.port = free_port()
+        raise RuntimeError(f"no free port found in {_START_ATTEMPTS} attempts")
+
+    def _start_once(self) -> RedisServer:
         self._dir = tempfile.TemporaryDirectory(prefix="csl-redis-")
         args = [
             self.executable,
@@ -140,12 +162,32 @@ class RedisServer:
         while time.monotonic() < deadline:
             if self.process.poll() is not None:
                 text = Path(self._dir.name, "redis.log").read_text(errors="replace")
+                self.stop()
+                if "in use" in text.lower():
+                    raise _PortTaken
                 raise RuntimeError(f"redis-server exited at start: {text[-2000:]}")
-            if self.ping():
+            if self._answers_as_ours():
                 return self
             time.sleep(0.02)
         self.stop()
         raise TimeoutError(f"redis-server did not answer on port {self.port}")
+
+    def _answers_as_ours(self) -> bool:
+        """Whether the server on our port is the process we started (not another suite's
+        that holds the port while ours fails to bind)."""
+        try:
+            with socket.create_connection(("127.0.0.1", self.port), timeout=0.5) as sock:
+                sock.sendall(b"INFO server\r\n")
+                reply = b""
+                while b"process_id:" not in reply or not reply.endswith(b"\r\n"):
+                    chunk = sock.recv(65536)
+                    if not chunk:
+                        break
+                    reply += chunk
+        except OSError:
+            return False
+        found = re.search(rb"process_id:(\d+)", reply)
+        return found is not None and self.process is not None and int(found[1]) == self.process.pid
 
     def ping(self) -> bool:
         """True when the server answers PING."""

@@ -1,25 +1,34 @@
 #!/usr/bin/env bash
-# The whole suite: pytest on the newest versions in .venv, with the nox version matrix
-# (oldest and middle Celery / kombu / redis-py, each in a venv of its own) running beside
-# it, since both mostly wait on real workers. Fails when either fails; prints the matrix's
-# versions and results at the end. Arguments go to the main pytest run.
+# The whole suite: pytest on the newest versions in .venv, with the nox version-matrix
+# sessions (oldest and middle Celery / kombu / redis-py, each in a venv of its own) running
+# beside it — all three mostly wait on real workers, so they share two cores well. Fails
+# when any fails; prints the matrix's versions and results at the end. Arguments go to the
+# main pytest run.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 
-log=build/matrix.log
 mkdir -p build
 started=$SECONDS
-setsid .venv/bin/nox -s "matrix(oldest)" "matrix(middle)" >"$log" 2>&1 &
-matrix=$!
-trap 'kill -- -"$matrix" 2>/dev/null' INT TERM
+sessions=("matrix(oldest)" "matrix(middle)")
+pids=()
+for session in "${sessions[@]}"; do
+  log="build/${session//[()]/-}.log"
+  setsid .venv/bin/nox -s "$session" >"$log" 2>&1 &
+  pids+=($!)
+done
+trap 'for pid in "${pids[@]}"; do kill -- -"$pid" 2>/dev/null; done' INT TERM EXIT
 
 .venv/bin/pytest "$@"
-main=$?
-
-wait "$matrix"
 status=$?
-echo "---- version matrix (full log: $log) ----"
-grep -E "^nox > (Running session|Session )|^(celery|kombu|redis|click)==|passed|failed|error" "$log" \
-  | grep -v "WARNING" | tail -n 40
-echo "---- whole suite took $((SECONDS - started)) s; main pytest exit $main, matrix exit $status ----"
-[ "$main" -eq 0 ] && [ "$status" -eq 0 ]
+
+for index in "${!sessions[@]}"; do
+  session=${sessions[$index]}
+  log="build/${session//[()]/-}.log"
+  wait "${pids[$index]}"
+  result=$?
+  echo "---- nox session $session: exit $result (full log: $log) ----"
+  grep -E "^(celery|kombu|redis|click)==|^nox > Session|[0-9]+ (passed|failed)" "$log" | tail -n 8
+  [ "$result" -eq 0 ] || status=1
+done
+echo "---- whole suite took $((SECONDS - started)) s ----"
+exit "$status"

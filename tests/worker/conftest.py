@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import importlib
 import os
 import time
@@ -25,6 +26,15 @@ def worker_redis() -> Iterator[RedisServer]:
     """The broker, lock and data Redis of the worker tests (our own server)."""
     with RedisServer() as server:
         yield server
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _results_collected_while_redis_runs(worker_redis: RedisServer) -> Iterator[None]:
+    """Collect leftover AsyncResults before the session's Redis stops: their finalizers
+    unsubscribe from the result backend, which Celery 5.3 retries for minutes once the
+    server is gone (pytest would hang at exit)."""
+    yield
+    gc.collect()
 
 
 @pytest.fixture(scope="session")

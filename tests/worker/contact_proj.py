@@ -32,6 +32,8 @@ app.conf.update(
     worker_prefetch_multiplier=1,
     broker_connection_retry_on_startup=True,
     result_expires=600,
+    # Tests stop their Redis at the end: do not retry the result backend for minutes then.
+    result_backend_transport_options={"retry_policy": {"max_retries": 2, "interval_max": 0.2}},
 )
 app.conf.update(json.loads(os.environ.get("CSL_EXTRA_CONF") or "{}"))
 

@@ -41,6 +41,8 @@ app.conf.update(
     task_acks_late=False,
     accept_content=(os.environ.get("CSL_ACCEPT") or "json").split(","),
     result_expires=600,
+    # Tests stop their Redis at the end: do not retry the result backend for minutes then.
+    result_backend_transport_options={"retry_policy": {"max_retries": 2, "interval_max": 0.2}},
     beat_schedule={
         "dedup": {"task": "tests.worker.proj.beat_job", "schedule": 1.0, "args": ("beat",)}
     },
