@@ -12,7 +12,7 @@ started=$SECONDS
 sessions=("matrix(oldest)" "matrix(middle)")
 pids=()
 for session in "${sessions[@]}"; do
-  log="build/${session//[()]/-}.log"
+  log="build/$(echo "$session" | tr -d ")" | tr "(" "-").log"
   setsid .venv/bin/nox -s "$session" >"$log" 2>&1 &
   pids+=($!)
 done
@@ -23,7 +23,7 @@ status=$?
 
 for index in "${!sessions[@]}"; do
   session=${sessions[$index]}
-  log="build/${session//[()]/-}.log"
+  log="build/$(echo "$session" | tr -d ")" | tr "(" "-").log"
   wait "${pids[$index]}"
   result=$?
   echo "---- nox session $session: exit $result (full log: $log) ----"
