@@ -148,8 +148,15 @@ class RedisLock:
 
         Returns False only when the lock stayed held; Redis errors raise LockBackendError.
         """
-        if timeout is not None and (isinstance(timeout, bool) or timeout < 0):
-            raise ValueError(f"acquire timeout must be >= 0 or None, got {timeout!r}")
+        if timeout is not None and (
+            isinstance(timeout, bool)
+            or not isinstance(timeout, (int, float))
+            or math.isnan(timeout)
+            or timeout < 0
+        ):
+            raise ValueError(f"acquire timeout must be a number >= 0 or None, got {timeout!r}")
+        if timeout is not None and math.isinf(timeout):
+            timeout = None  # math.inf: wait forever
         deadline = None if timeout is None else time.monotonic() + timeout
         waited = False
         if blocking and self._handed_off:

@@ -35,6 +35,19 @@ def test_bad_token_and_acquire_timeout_raise(client: redis.Redis) -> None:
         RedisLock(client, "x").acquire(timeout=-1)
 
 
+@pytest.mark.parametrize("bad", [math.nan, -0.5, "1", True])
+def test_bad_acquire_timeout_raises_before_any_command(client: redis.Redis, bad: Any) -> None:
+    """A NaN acquire timeout used to make acquire wait forever; it is a ValueError."""
+    with pytest.raises(ValueError, match="timeout"):
+        RedisLock(client, "x").acquire(timeout=bad)
+
+
+def test_infinite_acquire_timeout_waits_like_none(client: redis.Redis, key: str) -> None:
+    lock = RedisLock(client, key, timeout=5)
+    assert lock.acquire(timeout=math.inf)
+    lock.release()
+
+
 @pytest.mark.parametrize("scripting", [True, False])
 def test_unreachable_redis_raises_within_bounded_time(scripting: bool) -> None:
     """With nothing listening, acquire raises LockBackendError (a LockError) in < 2 s,
