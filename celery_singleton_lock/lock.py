@@ -132,9 +132,8 @@ class RedisLock:
         )
         self.protocol = self.protocols[scripting](client, name, self.signal_key, self.holder_info)
         self.fencing_token: int | None = None
-        #: Set when auto-renewal found the lock gone or could not reach Redis in time.
-        self.lease_lost = False
-        self._expires_at = 0.0  # local monotonic estimate of the lease end, for the renewer
+        self._lost = False
+        self._expires_at = 0.0  # local monotonic estimate of the lease end (a lower bound)
         self._generation = 0
         self._handed_off = False
 
@@ -193,10 +192,24 @@ class RedisLock:
     def extend(self, timeout: float | None = None) -> None:
         """Set the lease end to server now + ``timeout`` (default: the lease); owner only."""
         lease_ms = self._lease_ms if timeout is None else _lease_ms(timeout, "timeout")
-        started = time.monotonic()
+        started, generation = time.monotonic(), self._generation
         if not self.protocol.extend(self.token, lease_ms):
             raise LockNotOwned("cannot extend a lock that is no longer owned", self.name)
-        self._expires_at = started + lease_ms / 1000
+        if generation == self._generation:  # else the reply is about an earlier hold
+            self._expires_at = started + lease_ms / 1000
+
+    @property
+    def lease_lost(self) -> bool:
+        """True once the current hold can no longer be trusted: renewal found the lock gone,
+        or the lease's deadline passed with no confirmed renewal. Judged by the local clock
+        from the last confirmed lease, so a stalled connection cannot delay it."""
+        if self._lost:
+            return True
+        return self.fencing_token is not None and time.monotonic() >= self._expires_at
+
+    @lease_lost.setter
+    def lease_lost(self, value: bool) -> None:
+        self._lost = value
 
     def owned(self) -> bool:
         """Whether this instance holds the lock right now, per the server's clock."""
@@ -290,10 +303,14 @@ class RedisLock:
         try:
             self.extend()
         except LockNotOwned:
+            if generation != self._generation:
+                return None  # a reply about an earlier hold: the current one is not lost
             self.lease_lost = True
             log.error("lock %r: lease lost (another holder took it or it expired)", self.name)
             return None
         except LockError as exc:
+            if generation != self._generation:
+                return None
             left = self._expires_at - time.monotonic()
             if left <= 0:
                 self.lease_lost = True
