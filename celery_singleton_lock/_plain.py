@@ -21,7 +21,7 @@ import redis
 
 from celery_singleton_lock._protocol import SIGNAL_TTL_MS, Attempt, Protocol, grace_ms
 from celery_singleton_lock._redis import call
-from celery_singleton_lock._value import LockValue, format_value, parse_value
+from celery_singleton_lock._value import MAX_EXACT, LockValue, format_value, parse_value
 from celery_singleton_lock.exceptions import LockBackendError, LockError
 
 __all__ = ["PlainProtocol"]
@@ -62,6 +62,8 @@ class PlainProtocol(Protocol):
                         return Attempt(
                             False, max(1, (current.expiry_ms or now_ms + (ttl or 1)) - now_ms)
                         )
+                    if (current.fence or 0) >= MAX_EXACT:
+                        raise LockError("its fencing token is at its limit (2^53 - 1)", self.name)
                     fence = max(now_us, (current.fence or 0) + 1)
                     if current.token in ours and current.fence:
                         fence = current.fence  # our own hold, or the one we claim: keep it

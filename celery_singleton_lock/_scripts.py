@@ -17,24 +17,37 @@ replicates script effects, not the script, so calling ``TIME`` before a write is
 from __future__ import annotations
 
 # Shared by every script: parse(value) -> expiry_ms | nil, flag_offset | nil, fence, token.
+# The grammar, identical in _value.parse_value: numbers are 1 to 16 ASCII digits and at
+# most 2^53 - 1 (exact as a Lua double); anything else at the key is a foreign value.
 _PARSE = """
+local MAX_EXACT = 9007199254740991
+local function number(s)
+  if string.len(s) > 16 then return nil end
+  local n = tonumber(s)
+  if n > MAX_EXACT then return nil end
+  return n
+end
 local function parse(v)
   local digits, rest = string.match(v, '^(%d+)(.*)$')
   if not digits then return nil end
+  local n = number(digits)
+  if not n then return nil end
   if rest == '' then
-    local n = tonumber(digits)
     if n < 100000000000 then n = n * 1000 end
     return n, nil, 0, nil
   end
   local frac = string.match(rest, '^%.(%d+)$')
   if frac then
-    local n = tonumber(digits .. '.' .. frac)
-    if n < 100000000000 then n = n * 1000 end
-    return math.floor(n), nil, 0, nil
+    if string.len(frac) > 16 then return nil end
+    local x = tonumber(digits .. '.' .. frac)
+    if x < 100000000000 then x = x * 1000 end
+    return math.floor(x), nil, 0, nil
   end
   local flag, token, fence = string.match(rest, '^:([01]):([^:]*):(%d+):')
   if not flag then return nil end
-  return tonumber(digits), string.len(digits) + 1, tonumber(fence), token
+  fence = number(fence)
+  if not fence then return nil end
+  return n, string.len(digits) + 1, fence, token
 end
 """
 
@@ -77,6 +90,9 @@ if current then
     end
     return {0, held_until - now}
   else
+    if old_fence >= MAX_EXACT then
+      return redis.error_reply('fencing token of ' .. KEYS[1] .. ' is at its limit (2^53 - 1)')
+    end
     fence = math.max(fence, old_fence + 1)
   end
 end

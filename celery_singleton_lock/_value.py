@@ -11,12 +11,18 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["Holder", "LockValue", "format_value", "parse_value"]
+__all__ = ["MAX_EXACT", "Holder", "LockValue", "format_value", "parse_value"]
 
 # Below this a classic timestamp is in seconds (10^11 s is the year 5138; 10^11 ms is 1973).
 _SECONDS_LIMIT = 100_000_000_000
-_OURS = re.compile(r"^(\d+):([01]):([^:]*):(\d+):(.*)$", re.DOTALL)
-_CLASSIC = re.compile(r"^(\d+)(?:\.(\d+))?$")
+#: The largest number the grammar accepts: every integer up to it is exact as a double,
+#: which is what the Lua scripts compute with. A fencing token never goes past it.
+MAX_EXACT = 2**53 - 1
+# One grammar with the Lua ``parse`` in _scripts: numbers are 1-16 ASCII digits (never
+# Unicode digits) and the whole value must match (no trailing newline); on bytes, so a
+# value that is not UTF-8 parses the same as in Lua.
+_OURS = re.compile(rb"([0-9]{1,16}):([01]):([^:]*):([0-9]{1,16}):(.*)", re.DOTALL)
+_CLASSIC = re.compile(rb"([0-9]{1,16})(?:\.([0-9]{1,16}))?")
 
 
 @dataclass(frozen=True)
@@ -78,19 +84,22 @@ class Holder:
 
 def parse_value(raw: bytes | str) -> LockValue:
     """Parse a lock value; never raises, whatever the bytes."""
-    text = raw.decode("utf-8", "replace") if isinstance(raw, bytes) else raw
-    ours = _OURS.match(text)
+    data = raw.encode("utf-8", "surrogateescape") if isinstance(raw, str) else raw
+    ours = _OURS.fullmatch(data)
     if ours:
+        expiry, fence = int(ours.group(1)), int(ours.group(4))
+        if expiry > MAX_EXACT or fence > MAX_EXACT:
+            return LockValue(expiry_ms=None)
         return LockValue(
-            expiry_ms=int(ours.group(1)),
-            waiters=ours.group(2) == "1",
-            token=ours.group(3),
-            fence=int(ours.group(4)),
-            info=ours.group(5),
+            expiry_ms=expiry,
+            waiters=ours.group(2) == b"1",
+            token=ours.group(3).decode("utf-8", "replace"),
+            fence=fence,
+            info=ours.group(5).decode("utf-8", "replace"),
         )
-    classic = _CLASSIC.match(text)
-    if classic:
-        number = float(text) if classic.group(2) else int(classic.group(1))
+    classic = _CLASSIC.fullmatch(data)
+    if classic and int(classic.group(1)) <= MAX_EXACT:
+        number: float = float(data) if classic.group(2) else int(classic.group(1))
         if number < _SECONDS_LIMIT:
             number *= 1000
         return LockValue(expiry_ms=int(number), classic=True)
