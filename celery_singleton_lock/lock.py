@@ -23,6 +23,7 @@ import uuid
 from types import TracebackType
 from typing import Any, ClassVar, cast
 
+import redis
 from redis.cluster import RedisCluster
 
 from celery_singleton_lock._plain import PlainProtocol
@@ -31,7 +32,7 @@ from celery_singleton_lock._redis import LockClient, call, socket_timeout, time_
 from celery_singleton_lock._renewer import renewer
 from celery_singleton_lock._scripted import ScriptedProtocol
 from celery_singleton_lock._value import Holder, LockValue, parse_value
-from celery_singleton_lock.exceptions import LockError, LockNotOwned
+from celery_singleton_lock.exceptions import LockBackendError, LockError, LockNotOwned
 
 __all__ = ["Holder", "RedisLock", "companion_key"]
 
@@ -166,7 +167,13 @@ class RedisLock:
         while True:
             started = time.monotonic()
             mode = b"1" if waited else b"0" if blocking else b"x"
-            acquired, number = self.protocol.acquire(self.token, self._lease_ms, mode, self.claim)
+            try:
+                acquired, number = self.protocol.acquire(
+                    self.token, self._lease_ms, mode, self.claim
+                )
+            except LockBackendError as exc:
+                number = self._held_after_lost_reply(exc)
+                acquired = True
             if acquired:
                 self.fencing_token = number
                 self._on_acquired(started)
@@ -250,6 +257,23 @@ class RedisLock:
             log.warning("lock %r was lost before the block that held it failed", self.name)
 
     # -- internals ------------------------------------------------------------------------
+
+    def _held_after_lost_reply(self, error: LockBackendError) -> int:
+        """After an acquire whose reply was lost (a connection error mid-call), look once,
+        by token, whether the write happened: return the hold's fencing token if it did,
+        so the caller owns what the server granted; re-raise ``error`` if it did not (or
+        the server cannot say), leaving nothing held in our name that we do not know of
+        but for a lease the server will end."""
+        if not isinstance(error.__cause__, (redis.ConnectionError, redis.TimeoutError)):
+            raise error
+        try:
+            now_ms, value, _ = self._inspect()
+        except LockBackendError:
+            raise error from None
+        if value is None or value.token != self.token or not value.held_at(now_ms):
+            raise error
+        log.warning("lock %r: acquire reply lost, but the server granted it", self.name)
+        return value.fence or 0
 
     def _on_acquired(self, started: float) -> None:
         self._generation += 1
