@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 from redis.crc import key_slot
 
 from celery_singleton_lock import LockBackendError, LockError, LockNotOwned, TaskLocked
-from celery_singleton_lock._value import format_value, parse_value
+from celery_singleton_lock._value import MAX_EXACT, format_value, parse_value
 from celery_singleton_lock.exceptions import SingletonLockError
 from celery_singleton_lock.lock import companion_key
 
@@ -22,16 +22,17 @@ def test_parse_value_never_raises(raw: bytes) -> None:
 
 
 @given(
-    st.integers(0, 2**53),
+    st.integers(0, MAX_EXACT),
     st.booleans(),
     st.text(st.characters(blacklist_characters=":", blacklist_categories=["Cs"]), min_size=1),
-    st.integers(0, 2**53),
+    st.integers(0, MAX_EXACT),
     st.text(st.characters(blacklist_categories=["Cs"]), max_size=80),
 )
 def test_format_and_parse_round_trip(
     expiry: int, waiters: bool, token: str, fence: int, info: str
 ) -> None:
-    """Our own values read back exactly, whatever the holder info contains."""
+    """Our own values read back exactly, whatever the holder info contains (numbers up to
+    the grammar's limit, 2^53 - 1; beyond it a value is foreign)."""
     value = parse_value(format_value(expiry, waiters, token, fence, info).encode())
     assert (value.expiry_ms, value.waiters, value.token, value.fence, value.info) == (
         expiry, waiters, token, fence, info,
@@ -77,3 +78,10 @@ def test_exceptions_pickle_and_share_one_root(exc: Exception) -> None:
     assert str(copy) == str(exc)
     assert copy.__dict__ == exc.__dict__
     assert isinstance(copy, SingletonLockError)
+
+
+def test_numbers_beyond_the_grammar_make_a_foreign_value() -> None:
+    """Past 2^53 - 1 (not exact as a double, which the scripts compute with) a value is
+    foreign, in the expiry and in the fencing token alike."""
+    assert parse_value(format_value(MAX_EXACT + 1, False, "t", 1, "").encode()).expiry_ms is None
+    assert parse_value(format_value(1, False, "t", MAX_EXACT + 1, "").encode()).expiry_ms is None
