@@ -9,18 +9,23 @@ For servers where EVAL is disabled. Every nil case of the classic recipe is hand
   returns exactly the value we read, so "GETSET returned someone else's fresh value" cannot
   happen here.
 
-Release and extend compare the owner token under WATCH and write in MULTI/EXEC.
+Release and extend compare the owner token under WATCH and write in MULTI/EXEC. At
+``maxmemory`` Redis refuses every command queued in MULTI: release then falls back to a
+checked DEL (see :meth:`PlainProtocol._release_at_maxmemory`); extend cannot rewrite the
+value without a write that Redis refuses, and reports the server's state.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import contextlib
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import redis
 
 from celery_singleton_lock._protocol import SIGNAL_TTL_MS, Attempt, Protocol, grace_ms
-from celery_singleton_lock._redis import call
+from celery_singleton_lock._redis import at_maxmemory, backend_error, call
+from celery_singleton_lock._scripts import WAITER_SLACK_MS
 from celery_singleton_lock._value import MAX_EXACT, LockValue, format_value, parse_value
 from celery_singleton_lock.exceptions import LockBackendError, LockError
 
@@ -32,6 +37,8 @@ ACQUIRE_ROUNDS = 8
 BUSY_RETRY_MS = 10
 #: WATCH rounds of a release or extend before giving up with LockError.
 WATCH_ROUNDS = 16
+#: At maxmemory, a release deletes the key only while at least this much lease is left.
+MAXMEMORY_RELEASE_MARGIN_MS = 1000
 
 
 class PlainProtocol(Protocol):
@@ -41,27 +48,72 @@ class PlainProtocol(Protocol):
     def step(self, where: str) -> None:
         """Called between protocol steps ("after-setnx", "before-getset"); a no-op."""
 
-    def acquire(self, token: str, lease_ms: int, mode: bytes, claim: str = "") -> Attempt:
+    @contextlib.contextmanager
+    def _watching(self) -> Iterator[Any]:
+        """A transaction pipeline for WATCH whose clean-up cannot leak a raw redis-py error:
+        its ``reset()`` (UNWATCH) catches only ``ConnectionError``, so on a stalled link a
+        ``TimeoutError`` escaped as is. Then the connection is dropped, and the error
+        surfaces as ``LockBackendError`` unless another error is already on its way."""
+        pipe: Any = self.client.pipeline(transaction=True)
+        finished = False
+        try:
+            yield pipe
+            finished = True
+        finally:
+            try:
+                pipe.reset()
+            except redis.RedisError as exc:
+                connection, pipe.connection, pipe.watching = pipe.connection, None, False
+                if connection is not None:
+                    connection.disconnect()
+                    pipe.connection_pool.release(connection)
+                if finished:
+                    raise backend_error(exc, self.name) from exc
+
+    def acquire(
+        self, token: str, lease_ms: int, mode: bytes, claim: str = "", poll_ms: int = 1000
+    ) -> Attempt:
         grace = grace_ms(lease_ms)
         ours = {token, claim} - {""}
         for _ in range(ACQUIRE_ROUNDS):
+            refused: LockBackendError | None = None
             now_ms, now_us = self.server_time()
             mine = format_value(now_ms + lease_ms, True, token, now_us, self.info)
-            if call(self.name, self.client.set, self.name, mine, nx=True, px=lease_ms + grace):
-                return Attempt(True, self._refence(token, now_us))
+            try:
+                if call(self.name, self.client.set, self.name, mine, nx=True, px=lease_ms + grace):
+                    fence = self._refence(token, now_us)
+                    self._leave(token, mode)
+                    return Attempt(True, fence)
+            except LockBackendError as exc:
+                if not at_maxmemory(exc.__cause__):
+                    raise
+                refused = exc  # at maxmemory: still tell a contender whether it is held
             self.step("after-setnx")
-            with self.client.pipeline(transaction=True) as pipe:
+            with self._watching() as pipe:
                 try:
                     pipe.watch(self.name)
                     raw = pipe.get(self.name)
                     if raw is None:
+                        if refused is not None:
+                            raise refused  # free, but the server refuses our write
                         continue  # released between SETNX and GET: try SETNX again
                     current = parse_value(raw)
                     ttl = pipe.pttl(self.name) if current.expiry_ms is None else None
                     if current.held_at(now_ms, ttl) and current.token not in ours:
-                        return Attempt(
-                            False, max(1, (current.expiry_ms or now_ms + (ttl or 1)) - now_ms)
-                        )
+                        left = max(1, (current.expiry_ms or now_ms + (ttl or 1)) - now_ms)
+                        if mode != b"x" and current.token is not None:
+                            self._queue(
+                                pipe,
+                                raw,
+                                current,
+                                token,
+                                now_us=now_us,
+                                lease_ms=lease_ms,
+                                wait_ms=min(left, poll_ms),
+                            )
+                        return Attempt(False, left)
+                    if refused is not None:
+                        raise refused  # free or expired, but the server refuses our write
                     if (current.fence or 0) >= MAX_EXACT:
                         raise LockError("its fencing token is at its limit (2^53 - 1)", self.name)
                     fence = max(now_us, (current.fence or 0) + 1)
@@ -76,9 +128,45 @@ class PlainProtocol(Protocol):
                 except redis.WatchError:
                     continue  # the key changed under us: nothing was written, start over
                 except redis.RedisError as exc:
-                    raise LockBackendError(f"Redis error: {exc}", self.name) from exc
+                    raise backend_error(exc, self.name) from exc
+            self._leave(token, mode)
             return Attempt(True, fence)
         return Attempt(False, BUSY_RETRY_MS)
+
+    def _queue(
+        self, pipe: Any, raw: bytes | str, current: LockValue, token: str, *,
+        now_us: int, lease_ms: int, wait_ms: int,
+    ) -> None:  # fmt: skip
+        """Take a place in the waiters' queue and flag the holder's value, in one
+        transaction under the WATCH on the lock key (as the scripts do; see ``_scripts``).
+        Best effort when the key changed meanwhile or the server is at maxmemory: the
+        waiter then polls. Any other refusal (an ACL denial) is raised."""
+        keep_ms = wait_ms + WAITER_SLACK_MS
+        try:
+            pipe.multi()
+            if not current.waiters:
+                data = raw.encode() if isinstance(raw, str) else raw
+                pipe.setrange(self.name, data.index(b":") + 1, "1")
+            pipe.zadd(self.queue_key, {token: now_us}, nx=True)
+            pipe.set(self.waiter_key(token), f"{lease_ms}:{self.info}", px=keep_ms)
+            pipe.pexpire(self.queue_key, keep_ms + 1000)
+            pipe.delete(self.grant_key(token))  # a grant left from an earlier hold
+            pipe.execute()
+        except redis.WatchError:
+            pass  # the key changed: this waiter polls
+        except redis.RedisError as exc:
+            if not at_maxmemory(exc):
+                raise backend_error(exc, self.name) from exc
+
+    def _leave(self, token: str, mode: bytes) -> None:
+        """A caller that may be queued got the lock: drop its place and any grant."""
+        if mode != b"1":
+            return
+        pipe = self.client.pipeline(transaction=False)
+        pipe.zrem(self.queue_key, token)
+        pipe.delete(self.waiter_key(token))  # one key per DEL: cluster pipelines need that
+        pipe.delete(self.grant_key(token))
+        call(self.name, pipe.execute)
 
     def _refence(self, token: str, provisional: int) -> int:
         """Re-issue the fencing token from the server clock *after* a plain SETNX won.
@@ -99,18 +187,50 @@ class PlainProtocol(Protocol):
         # Not owned any more is only possible past the lease: keep the provisional token.
         return self._while_owned(token, rewrite, provisional, "issuing its fencing token")
 
-    def release(self, token: str) -> int:
+    def release(
+        self, token: str, record: tuple[str, str, int] | None = None, key: str | None = None
+    ) -> int:
         def delete(pipe: Any, current: LockValue) -> int:
             pipe.multi()
             pipe.delete(self.name)
+            if record is not None:
+                pipe.set(record[0], record[1], px=record[2])
             pipe.rpush(self.signal_key, "1")
             pipe.pexpire(self.signal_key, SIGNAL_TTL_MS)
             pipe.execute()
-            return 1
+            return 2
 
-        return self._while_owned(token, delete, 0, "release")
+        try:
+            return self._while_owned(token, delete, 0, "release")
+        except LockBackendError as exc:
+            if not at_maxmemory(exc.__cause__):
+                raise
+            released = self._release_at_maxmemory(token, exc)
+            if released and record is not None:
+                call(self.name, self.client.set, record[0], record[1], px=record[2])
+            return released
 
-    def extend(self, token: str, lease_ms: int) -> int:
+    def _release_at_maxmemory(self, token: str, error: LockBackendError) -> int:
+        """Release when Redis is at maxmemory and refuses MULTI: read the server clock and
+        the value, and DEL (a write that needs no memory) only while our lease has
+        ``MAXMEMORY_RELEASE_MARGIN_MS`` left. Until our lease ends nobody else can take the
+        key, and at maxmemory nobody can write it at all (SET is refused), so the DEL removes
+        our own hold unless this client stalls longer than the margin between the reads and
+        the DEL. Waiters are not signalled (that push is refused too): they poll."""
+        now_ms = self.server_time()[0]
+        raw = call(self.name, self.client.get, self.name)
+        current = parse_value(raw) if raw is not None else None
+        if current is None or current.token != token:
+            return 0
+        if current.expiry_ms is None or current.expiry_ms - now_ms < MAXMEMORY_RELEASE_MARGIN_MS:
+            raise LockBackendError(
+                "Redis is at maxmemory and the lease ends within a second: left to expire",
+                self.name,
+            ) from error.__cause__
+        call(self.name, self.client.delete, self.name)
+        return 1
+
+    def extend(self, token: str, lease_ms: int, key: str | None = None) -> int:
         def rewrite(pipe: Any, current: LockValue) -> int:
             expiry = self.server_time()[0] + lease_ms
             value = format_value(expiry, True, token, current.fence or 0, current.info)
@@ -128,7 +248,7 @@ class PlainProtocol(Protocol):
         starting over when the key changes first (e.g. our own renewer extended it);
         ``not_owned`` when the key is gone or someone else's."""
         for _ in range(WATCH_ROUNDS):
-            with self.client.pipeline(transaction=True) as pipe:
+            with self._watching() as pipe:
                 try:
                     pipe.watch(self.name)
                     raw = pipe.get(self.name)
@@ -139,5 +259,5 @@ class PlainProtocol(Protocol):
                 except redis.WatchError:
                     continue
                 except redis.RedisError as exc:
-                    raise LockBackendError(f"Redis error: {exc}", self.name) from exc
+                    raise backend_error(exc, self.name) from exc
         raise LockError(f"the lock key kept changing during {what}", self.name)

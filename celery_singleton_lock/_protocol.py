@@ -10,18 +10,56 @@ either mode exclude each other.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from typing import NamedTuple
+from typing import NamedTuple, cast
 
 from celery_singleton_lock._redis import LockClient, call, server_time
+from celery_singleton_lock._scripts import GRACE_BASE_MS, GRACE_FRACTION, SIGNAL_TTL_MS
 
-__all__ = ["SIGNAL_TTL_MS", "Attempt", "Protocol", "grace_ms"]
+__all__ = [
+    "GRACE_BASE_MS",
+    "GRACE_FRACTION",
+    "SIGNAL_TTL_MS",
+    "Attempt",
+    "Grant",
+    "Protocol",
+    "companion_key",
+    "grace_ms",
+    "parse_grant",
+]
 
-#: How long a wake-up pushed onto the waiters' signal list survives unread.
-SIGNAL_TTL_MS = 2000
-#: The key outlives its lease by this much plus a tenth of the lease, so an abandoned key
-#: vanishes on its own a little after the lease (the value, not the TTL, decides "held").
-GRACE_BASE_MS = 1000
-GRACE_FRACTION = 10
+
+def companion_key(name: str, suffix: str) -> str:
+    """A key that lives in the same Redis Cluster hash slot as ``name``.
+
+    When ``name`` has a hash tag (``{...}``) the suffix is simply appended; otherwise the
+    whole name becomes the tag. A name with a ``}`` but no valid tag cannot be co-located.
+    """
+    start = name.find("{")
+    if start != -1:
+        end = name.find("}", start + 1)
+        if end > start + 1:
+            return f"{name}:{suffix}"
+    if "}" in name:
+        raise ValueError(
+            f"lock name {name!r} contains '}}' without a hash tag; wrap the part that "
+            "identifies the lock in braces, e.g. 'orders:{sku-42}'"
+        )
+    return f"{{{name}}}:{suffix}"
+
+
+class Grant(NamedTuple):
+    """A lock handed to a waiter: its fencing token, and the key it holds (the lock key,
+    or one of its slots)."""
+
+    fence: int
+    key: str | None
+
+
+def parse_grant(grant: bytes | str) -> Grant:
+    """A grant as a release pushes it: ``"<fencing token>:<expiry ms>[:<key>]"``."""
+    text = grant.decode() if isinstance(grant, bytes) else grant
+    parts = text.split(":", 2)
+    return Grant(int(parts[0]), parts[2] if len(parts) > 2 else None)
 
 
 def grace_ms(lease_ms: int) -> int:
@@ -31,37 +69,96 @@ def grace_ms(lease_ms: int) -> int:
 
 class Attempt(NamedTuple):
     """The outcome of one acquire attempt: ``acquired`` with the hold's fencing token in
-    ``number``, or not, with the milliseconds until the current holder's lease ends."""
+    ``number`` (and the slot it took, with several), or not, with the milliseconds until
+    the current holder's lease ends."""
 
     acquired: bool
     number: int
+    key: str | None = None
 
 
 class Protocol(ABC):
     """How one lock talks to Redis. ``name`` is the lock key, ``signal_key`` the waiters'
     wake-up list in the same hash slot, ``info`` the holder info stored in the value."""
 
-    def __init__(self, client: LockClient, name: str, signal_key: str, info: str) -> None:
+    def __init__(
+        self, client: LockClient, name: str, signal_key: str, info: str, *, limit: int = 1,
+        group: str = "",
+    ) -> None:  # fmt: skip
         self.client = client
         self.name = name
         self.signal_key = signal_key
         self.info = info
+        #: How many holders at once (slots); ``group``: a token prefix that may hold one.
+        self.limit = limit
+        self.group = group
+        # The waiters' queue (see ``_scripts``), in the lock's hash slot.
+        self.queue_key = companion_key(name, "queue")
+        self.waiter_prefix = companion_key(name, "waiter:")
+        self.grant_prefix = companion_key(name, "grant:")
+
+    def waiter_key(self, token: str) -> str:
+        """Where queued waiter ``token`` says it is still waiting (while the key lives)."""
+        return self.waiter_prefix + token
+
+    def grant_key(self, token: str) -> str:
+        """The list a release pushes onto when it hands the lock to waiter ``token``."""
+        return self.grant_prefix + token
 
     @abstractmethod
-    def acquire(self, token: str, lease_ms: int, mode: bytes, claim: str = "") -> Attempt:
-        """One try. ``mode``: b"1" after waiting, b"0" for a first blocking try, b"x" for a
-        non-blocking try (which asks nobody to wake it). A hold under the owner token
-        ``claim`` (when not empty) is taken over as if it were ours."""
+    def acquire(
+        self, token: str, lease_ms: int, mode: bytes, claim: str = "", poll_ms: int = 1000
+    ) -> Attempt:
+        """One try. ``mode``: b"x" for a non-blocking try (which asks nobody to wake it), b"0"
+        for a first blocking try, b"1" for a later one. A blocking try that finds the lock
+        held leaves word that this caller waits (blocking at most ``poll_ms`` between
+        tries). A hold under the owner token ``claim`` (when not empty) is taken over as if
+        it were ours."""
 
     @abstractmethod
-    def release(self, token: str) -> int:
-        """Owner-checked delete: 0 not owned (nothing done), 1 released, 2 released and a
-        waiter was signalled."""
+    def release(
+        self, token: str, record: tuple[str, str, int] | None = None, key: str | None = None
+    ) -> int:
+        """Owner-checked release of ``key`` (the lock key, or a slot): 0 not owned (nothing
+        done), 1 released, 2 released and waiters signalled, 3 handed straight to a waiter.
+        ``record`` = (key, value, TTL ms): also set that key in the same step."""
 
     @abstractmethod
-    def extend(self, token: str, lease_ms: int) -> int:
-        """Owner-checked new lease end (server now + ``lease_ms``): the expiry in server
-        milliseconds, or 0 when not owned (nothing done)."""
+    def extend(self, token: str, lease_ms: int, key: str | None = None) -> int:
+        """Owner-checked new lease end of ``key`` (server now + ``lease_ms``): the expiry in
+        server milliseconds, or 0 when not owned (nothing done)."""
+
+    def wait(self, token: str, seconds: float) -> Grant | None:
+        """Block up to ``seconds`` until a release wakes this waiter; the grant when the
+        release handed the lock to ``token`` (it is then held), else None."""
+        grant = self.grant_key(token)
+        reply = call(self.name, self.client.blpop, [grant, self.signal_key], timeout=seconds)
+        if not reply:
+            return None
+        key, value = cast("tuple[bytes | str, bytes | str]", reply)
+        if (key.decode() if isinstance(key, bytes) else key) != grant:
+            return None  # a wake-up: try again
+        return parse_grant(value)
+
+    def cancel(self, token: str) -> Grant | None:
+        """A waiter stops waiting: drop its place; the grant if the lock was handed to it
+        meanwhile (it then holds it), else None. No transaction is needed (and none
+        would run at maxmemory): a release pops a waiter and pushes its grant in one step,
+        so once ZREM finds us gone, any grant for us is already there."""
+        pipe = self.client.pipeline(transaction=False)
+        pipe.zrem(self.queue_key, token)
+        pipe.lpop(self.grant_key(token))
+        pipe.delete(self.waiter_key(token))  # one key per DEL: cluster pipelines need that
+        pipe.delete(self.grant_key(token))
+        queued, grant, _, _ = call(self.name, pipe.execute)
+        if queued or grant is None:
+            return None
+        handed = parse_grant(grant)
+        raw = call(self.name, self.client.get, handed.key or self.name)
+        current = raw.decode("utf-8", "replace") if isinstance(raw, bytes) else str(raw)
+        if raw is None or current.split(":", 3)[2:3] != [token]:
+            return None  # handed over, then lost again: nothing is ours
+        return handed
 
     def server_time(self) -> tuple[int, int]:
         """The clock of the server that holds the key, as (milliseconds, microseconds)."""

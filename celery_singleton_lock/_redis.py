@@ -11,7 +11,16 @@ from redis.cluster import RedisCluster
 
 from celery_singleton_lock.exceptions import LockBackendError
 
-__all__ = ["LockClient", "call", "server_time", "socket_timeout", "time_reply"]
+__all__ = [
+    "LockClient",
+    "at_maxmemory",
+    "backend_error",
+    "call",
+    "server_time",
+    "socket_timeout",
+    "time_reply",
+    "wait_for_replicas",
+]
 
 #: What a lock runs on: a single Redis (direct or through Sentinel) or a Redis Cluster.
 LockClient = redis.Redis | RedisCluster
@@ -39,12 +48,28 @@ def server_time(client: LockClient, key: str | None = None) -> tuple[int, int]:
     return time_reply(client.time())
 
 
+def at_maxmemory(error: BaseException | None) -> bool:
+    """Whether ``error`` is Redis refusing a write because it is at ``maxmemory``."""
+    return isinstance(error, redis.ResponseError) and "used memory > 'maxmemory'" in str(error)
+
+
 def call(name: str, func: Callable[..., _T], *args: Any, **kwargs: Any) -> _T:
     """Run one Redis call for lock ``name``, turning redis-py errors into LockBackendError."""
     try:
         return func(*args, **kwargs)
     except (redis.RedisError, redis.exceptions.RedisClusterException) as exc:
-        raise LockBackendError(f"Redis error: {exc}", name) from exc
+        raise backend_error(exc, name) from exc
+
+
+def backend_error(error: BaseException, name: str) -> LockBackendError:
+    """The LockBackendError for a redis-py error about lock ``name``."""
+    if at_maxmemory(error):
+        return LockBackendError(
+            "Redis is at maxmemory and refuses writes that need memory (set maxmemory-policy "
+            f"or add headroom; see docs/deployment.md): {error}",
+            name,
+        )
+    return LockBackendError(f"Redis error: {error}", name)
 
 
 def socket_timeout(client: LockClient) -> float | None:
@@ -56,3 +81,26 @@ def socket_timeout(client: LockClient) -> float | None:
         kwargs = getattr(pool, "connection_kwargs", {}) or {}
     value = kwargs.get("socket_timeout")
     return float(value) if value else None
+
+
+def wait_for_replicas(
+    client: LockClient, key: str, marker: str, replicas: int, timeout_ms: int
+) -> int:
+    """How many replicas of the server that holds ``key`` acknowledged, within
+    ``timeout_ms``, every write that server made so far (Redis ``WAIT``).
+
+    ``WAIT`` counts the writes of the connection it is sent on, not the server's: a
+    connection that wrote nothing would be answered at once. So one pipeline on one
+    connection writes ``marker`` (a short-lived key in ``key``'s hash slot) and then waits:
+    the marker comes after every write the caller has seen (its own acquire, or the grant
+    another client's release wrote for it), so replicas that have it have those too.
+    """
+    target: Any = client
+    if isinstance(client, RedisCluster):
+        node = cast("Any", client).get_node_from_key(key)  # untyped in redis-py
+        target = cast("Any", client).get_redis_connection(node)
+    pipe = target.pipeline(transaction=False)
+    pipe.set(marker, b"1", px=timeout_ms + 1000)
+    pipe.execute_command("WAIT", replicas, timeout_ms)
+    _, acked = pipe.execute()
+    return int(acked)

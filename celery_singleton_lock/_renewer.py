@@ -1,9 +1,17 @@
-"""One background thread per process that extends the leases of auto-renewing locks.
+"""Background threads that extend the leases of auto-renewing locks.
 
-A lock registers itself when acquired; the thread first extends it a third of a lease
-later, so a short critical section costs no thread start and no extra round trip. The
-renewer holds only weak references: a lock that is garbage collected without release
-simply stops being renewed and expires. After ``fork`` the child starts its own thread.
+Locks are renewed in *lanes*, one per Redis connection pool (one per server, or per
+cluster node): each lane is a min-heap of due times served by a daemon thread of its own,
+so a stalled server holds up only the renewals of locks on that server. A lock registers
+its hold when acquired; the lane first extends it a third of a lease later, so a short
+critical section costs no thread start and no extra round trip.
+
+Ended holds are not searched for: they are dropped when they reach the top of the heap,
+so each hold costs O(log n) however many are held. Holds due at the same moment are handed
+to their lock class together, which extends them in one pipelined round trip where it can.
+Lanes hold only weak references to locks (a lock garbage collected without release stops
+being renewed and expires), end their thread after a while without work, and are rebuilt
+in a forked child.
 """
 
 from __future__ import annotations
@@ -15,94 +23,148 @@ import os
 import threading
 import time
 import weakref
-from typing import Protocol
+from collections.abc import Hashable
+from typing import Any, Protocol
 
 __all__ = ["Renewable", "renewer"]
 
 log = logging.getLogger("celery_singleton_lock.renewer")
 
+#: A lane's thread ends after this many seconds with nothing to renew.
+IDLE_SECONDS = 30.0
+
+
+#: The most holds a lane renews in one go (one pipelined round trip where it can).
+BATCH = 500
+
 
 class Renewable(Protocol):
-    """What the renewer needs from a lock."""
+    """What a lane needs from a lock."""
 
-    def _renew_due(self, generation: int) -> float | None:
-        """Extend the lease if ``generation`` is still current; the delay until the next
-        renewal, or None to stop renewing."""
-
-    def _renewing(self, generation: int) -> bool:
-        """Whether the hold that scheduled ``generation`` is still being renewed."""
+    @classmethod
+    def _renew_all(cls, due: list[tuple[Any, Any]]) -> list[float | None]:
+        """Extend each ``(lock, hold)`` of ``due``; per hold the delay until its next
+        renewal, or None to stop."""
 
 
-_Entry = tuple[float, int, "weakref.ref[Renewable]", int]
-
-
-class _Renewer:
-    """A min-heap of (due time, lock) served by one daemon thread."""
-
-    def __init__(self) -> None:
-        self._cond = threading.Condition()
-        self._heap: list[_Entry] = []
-        self._seq = itertools.count()
-        self._thread: threading.Thread | None = None
-        self._pid = -1
-        self._sleeping_until = float("inf")  # what the thread's current wait is aiming at
-
-    def schedule(self, lock: Renewable, delay: float, generation: int) -> None:
-        """Renew ``lock`` after ``delay`` seconds, for as long as ``generation`` is current."""
-        due = time.monotonic() + delay
-        with self._cond:
-            if self._pid != os.getpid():  # forked: the parent's thread does not exist here
-                self._heap.clear()
-                self._thread = None
-                self._pid = os.getpid()
-            heapq.heappush(self._heap, (due, next(self._seq), weakref.ref(lock), generation))
-            if self._thread is None:
-                self._thread = threading.Thread(
-                    target=self._run, name="csl-lock-renewer", daemon=True
-                )
-                self._thread.start()
-            elif due < self._sleeping_until:
-                self._cond.notify()  # sooner than what the thread sleeps towards
-
-    def _next(self) -> _Entry:
-        with self._cond:
-            while True:
-                if self._heap:
-                    wait = self._heap[0][0] - time.monotonic()
-                    if wait <= 0:
-                        # Something is due: first sweep out every entry whose hold already
-                        # ended, so short holds cost this thread nothing but this sweep.
-                        self._heap = [entry for entry in self._heap if not _dead(entry)]
-                        heapq.heapify(self._heap)
-                        if self._heap and self._heap[0][0] <= time.monotonic():
-                            return heapq.heappop(self._heap)
-                        continue
-                    self._sleeping_until = self._heap[0][0]
-                    self._cond.wait(wait)
-                else:
-                    self._sleeping_until = float("inf")
-                    self._cond.wait()
-                self._sleeping_until = float("-inf")  # awake: nobody needs to notify
-
-    def _run(self) -> None:
-        while True:
-            _, _, ref, generation = self._next()
-            lock = ref()
-            if lock is None:
-                continue
-            try:
-                delay = lock._renew_due(generation)
-            except Exception:  # the thread must outlive any one lock's failure
-                log.exception("lock renewal crashed")
-                delay = None
-            if delay is not None:
-                self.schedule(lock, delay, generation)
-            del lock
+_Entry = tuple[float, int, "weakref.ref[Renewable]", Any]
 
 
 def _dead(entry: _Entry) -> bool:
-    lock = entry[2]()
-    return lock is None or not lock._renewing(entry[3])
+    return bool(entry[3].ended) or entry[2]() is None
+
+
+class _Lane:
+    """The renewals of one connection pool: a heap of (due time, hold) and its thread."""
+
+    def __init__(self, owner: _Renewer, key: Hashable) -> None:
+        self._owner = owner
+        self._key = key
+        self._cond = threading.Condition()
+        self._heap: list[_Entry] = []
+        self._seq = itertools.count()
+        self._sleeping_until = float("inf")  # what the thread's current wait aims at
+        self._thread = threading.Thread(target=self._run, name="csl-lock-renewer", daemon=True)
+        self._thread.start()
+
+    def push(self, lock: Renewable, hold: Any, delay: float) -> None:
+        due = time.monotonic() + delay
+        with self._cond:
+            heapq.heappush(self._heap, (due, next(self._seq), weakref.ref(lock), hold))
+            if due < self._sleeping_until:
+                self._cond.notify()  # sooner than what the thread sleeps towards
+
+    def _next(self) -> list[_Entry] | None:
+        """The entries due now (at least one, at most ``BATCH``); None once the lane has
+        been idle long enough to close."""
+        idle_since = time.monotonic()
+        while True:
+            with self._cond:
+                while self._heap and _dead(self._heap[0]):
+                    heapq.heappop(self._heap)
+                now = time.monotonic()
+                if self._heap:
+                    idle_since = now
+                    wait = self._heap[0][0] - now
+                    if wait <= 0:
+                        self._sleeping_until = float("-inf")  # awake: nobody need notify
+                        due = [heapq.heappop(self._heap)]
+                        while self._heap and self._heap[0][0] <= now and len(due) < BATCH:
+                            due.append(heapq.heappop(self._heap))
+                        return due
+                else:
+                    wait = IDLE_SECONDS - (now - idle_since)
+                if wait > 0:
+                    self._sleeping_until = now + wait
+                    self._cond.wait(wait)
+                    continue
+            # Idle long enough. Retire outside our condition: the lock order is renewer
+            # mutex, then lane condition (as in schedule).
+            if self._owner.retire(self):
+                return None
+            idle_since = time.monotonic()
+
+    def _run(self) -> None:
+        while True:
+            entries = self._next()
+            if entries is None:
+                return
+            self._renew(entries)
+
+    def _renew(self, entries: list[_Entry]) -> None:
+        """Renew the holds of ``entries`` still alive, by lock class, and queue each one's
+        next renewal (the locks are only referenced until this returns)."""
+        by_type: dict[type[Renewable], list[tuple[Renewable, Any]]] = {}
+        for entry in entries:
+            lock = entry[2]()
+            if lock is not None and not entry[3].ended:
+                by_type.setdefault(type(lock), []).append((lock, entry[3]))
+        for kind, due in by_type.items():
+            try:
+                delays = kind._renew_all(due)
+            except Exception:  # the thread must outlive any one lock's failure
+                log.exception("lock renewal crashed")
+                delays = [None] * len(due)
+            for (lock, hold), delay in zip(due, delays, strict=True):
+                if delay is not None:
+                    self.push(lock, hold, delay)
+
+
+class _Renewer:
+    """The lanes of this process, by connection-pool key."""
+
+    def __init__(self) -> None:
+        self._mutex = threading.Lock()
+        self._lanes: dict[Hashable, _Lane] = {}
+        self._pid = os.getpid()
+
+    def schedule(self, lane: Hashable, lock: Renewable, hold: Any, delay: float) -> None:
+        """Renew ``hold`` of ``lock`` after ``delay`` seconds, in the lane of ``lane`` (the
+        lock's connection pool), until the hold ends."""
+        with self._mutex:
+            if self._pid != os.getpid():  # forked: the parent's threads do not exist here
+                self._lanes = {}
+                self._pid = os.getpid()
+            found = self._lanes.get(lane)
+            if found is None:
+                found = self._lanes[lane] = _Lane(self, lane)
+            found.push(lock, hold, delay)
+
+    def retire(self, lane: _Lane) -> bool:
+        """Close ``lane`` if it is still empty (called by its own thread); False when work
+        arrived meanwhile."""
+        with self._mutex:
+            with lane._cond:
+                if lane._heap:
+                    return False
+            if self._lanes.get(lane._key) is lane:
+                del self._lanes[lane._key]
+            return True
+
+    def lanes(self) -> int:
+        """How many lanes (renewer threads) this process runs now."""
+        with self._mutex:
+            return len(self._lanes)
 
 
 renewer = _Renewer()

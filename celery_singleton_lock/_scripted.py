@@ -1,4 +1,5 @@
-"""The scripted protocol: each lock operation is one EVALSHA of a script in ``_scripts``."""
+"""The scripted protocol: each lock operation is one EVALSHA of a script in ``_scripts``, and
+a release hands the lock straight to the first waiter in line (see ``_scripts``)."""
 
 from __future__ import annotations
 
@@ -8,10 +9,11 @@ from typing import Any, cast
 import redis
 
 from celery_singleton_lock import _scripts
-from celery_singleton_lock._protocol import SIGNAL_TTL_MS, Attempt, Protocol, grace_ms
-from celery_singleton_lock._redis import LockClient, call
+from celery_singleton_lock._protocol import Attempt, Protocol
+from celery_singleton_lock._redis import LockClient, backend_error, call
+from celery_singleton_lock.exceptions import LockBackendError
 
-__all__ = ["ScriptedProtocol"]
+__all__ = ["ScriptedProtocol", "extend_all"]
 
 
 class _Script:
@@ -37,49 +39,82 @@ class _Script:
 _ACQUIRE = _Script(_scripts.ACQUIRE)
 _RELEASE = _Script(_scripts.RELEASE)
 _EXTEND = _Script(_scripts.EXTEND)
+_ACQUIRE_SLOTS = _Script(_scripts.ACQUIRE_SLOTS)
 
 
 class ScriptedProtocol(Protocol):
     """Acquire, release and extend as one atomic script each (one round trip)."""
 
-    def __init__(self, client: LockClient, name: str, signal_key: str, info: str) -> None:
-        super().__init__(client, name, signal_key, info)
+    def __init__(
+        self, client: LockClient, name: str, signal_key: str, info: str, *, limit: int = 1,
+        group: str = "",
+    ) -> None:  # fmt: skip
+        super().__init__(client, name, signal_key, info, limit=limit, group=group)
         # Arguments that never change for this lock, encoded once.
         self._name_b = name.encode()
-        self._signal_b = signal_key.encode()
+        self._queue_b = self.queue_key.encode()
         self._info_b = info.encode()
+        self._limit_b = str(limit).encode()
+        self._group_b = group.encode()
 
-    def acquire(self, token: str, lease_ms: int, mode: bytes, claim: str = "") -> Attempt:
-        result = call(
-            self.name, _ACQUIRE, self.client, 1, self._name_b, token, lease_ms,
-            grace_ms(lease_ms), mode, self._info_b, claim,
-        )  # fmt: skip
+    def acquire(
+        self, token: str, lease_ms: int, mode: bytes, claim: str = "", poll_ms: int = 1000
+    ) -> Attempt:
+        args: tuple[bytes | int | str, ...] = (token, lease_ms, self._info_b, mode, poll_ms)
+        if self.limit > 1:
+            args += (self._limit_b, self._group_b)
+            if claim:
+                args += (claim,)
+            result = call(self.name, _ACQUIRE_SLOTS, self.client, 2, self._name_b,
+                          self._queue_b, *args)  # fmt: skip
+            if int(result[0]) == 1:
+                slot = result[3]
+                return Attempt(True, int(result[1]), slot.decode() if isinstance(slot, bytes)
+                               else str(slot))  # fmt: skip
+            return Attempt(False, int(result[1]))
+        if claim:
+            args += (claim,)
+        result = call(self.name, _ACQUIRE, self.client, 2, self._name_b, self._queue_b, *args)
         return Attempt(int(result[0]) == 1, int(result[1]))
 
-    def release(self, token: str) -> int:
-        return int(
-            call(
-                self.name,
-                _RELEASE,
-                self.client,
-                2,
-                self._name_b,
-                self._signal_b,
-                token,
-                SIGNAL_TTL_MS,
-            )
-        )
+    def release(
+        self, token: str, record: tuple[str, str, int] | None = None, key: str | None = None
+    ) -> int:
+        target = key or self._name_b
+        if record is None:
+            return int(call(self.name, _RELEASE, self.client, 2, target, self._queue_b,
+                            token, self._limit_b))  # fmt: skip
+        where, value, ttl_ms = record
+        return int(call(self.name, _RELEASE, self.client, 3, target, self._queue_b, where,
+                        token, self._limit_b, value, ttl_ms))  # fmt: skip
 
-    def extend(self, token: str, lease_ms: int) -> int:
-        return int(
-            call(
-                self.name,
-                _EXTEND,
-                self.client,
-                1,
-                self._name_b,
-                token,
-                lease_ms,
-                grace_ms(lease_ms),
-            )
-        )
+    def extend(self, token: str, lease_ms: int, key: str | None = None) -> int:
+        return int(call(self.name, _EXTEND, self.client, 1, key or self._name_b, token,
+                        lease_ms))  # fmt: skip
+
+
+def extend_all(
+    client: redis.Redis, calls: list[tuple[str, str, str, int]]
+) -> list[int | LockBackendError]:
+    """Extend several leases on one server in one pipelined round trip. ``calls`` holds
+    ``(lock name, key, owner token, lease ms)`` each; the answer holds, per call, EXTEND's
+    reply (the new expiry, 0 when not owned) or the ``LockBackendError`` about it."""
+
+    def send() -> list[Any]:
+        pipe = cast("Any", client.pipeline(transaction=False))  # execute_command is untyped
+        for _, key, token, lease_ms in calls:
+            pipe.execute_command("EVALSHA", _EXTEND.sha, 1, key, token, lease_ms)
+        replies: list[Any] = pipe.execute(raise_on_error=False)
+        return replies
+
+    try:
+        replies = send()
+        if any(isinstance(reply, redis.exceptions.NoScriptError) for reply in replies):
+            client.script_load(_EXTEND.source)  # a restarted or failed-over server
+            replies = send()
+    except redis.RedisError as exc:
+        return [backend_error(exc, name) for name, *_ in calls]
+    return [
+        backend_error(reply, name) if isinstance(reply, Exception) else int(reply)
+        for (name, *_), reply in zip(calls, replies, strict=True)
+    ]

@@ -8,6 +8,7 @@ result backends serialise task exceptions)::
     │   ├── LockNotOwned          release/extend by an instance that no longer holds the lock
     │   └── LockBackendError      Redis could not be reached or answered with an error
     └── TaskLocked                a task's lock is held by another run
+        └── TaskThrottled         a task's key used up its start rate (lock_rate_limit)
 
 Wrong settings raise Celery's own ``celery.exceptions.ImproperlyConfigured``.
 """
@@ -22,6 +23,7 @@ __all__ = [
     "LockNotOwned",
     "SingletonLockError",
     "TaskLocked",
+    "TaskThrottled",
 ]
 
 
@@ -68,3 +70,24 @@ class TaskLocked(SingletonLockError):
 
     def __reduce__(self) -> tuple[Any, ...]:
         return (type(self), (self.key, self.task_id, self.message))
+
+
+class TaskThrottled(TaskLocked):
+    """The key of this run used up its start rate (``lock_rate_limit``): the run did not
+    start. A ``TaskLocked``, so code that handles a busy key handles this too.
+
+    ``key`` is the Redis key of the lock; ``retry_in`` the seconds until the next start of
+    that key would be admitted (None when unknown).
+    """
+
+    def __init__(self, key: str, retry_in: float | None = None, message: str | None = None) -> None:
+        text = message or (
+            f"lock {key!r} is throttled"
+            + (f": next free start in {retry_in:.3f} s" if retry_in is not None else "")
+        )
+        super().__init__(key, None, text)
+        self.args = (key, retry_in, text)  # what a result backend rebuilds it from
+        self.retry_in = retry_in
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (type(self), (self.key, self.retry_in, self.message))

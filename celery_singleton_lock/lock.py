@@ -1,14 +1,19 @@
 """``RedisLock``: the SETNX/GETSET expiry-timestamp lock, made safe.
 
 The key's value says until when the lock is held (Redis server milliseconds), who holds
-it (a random owner token) and with which fencing token. Acquire is SETNX, else take over
-an expired value; release and extend act only for the owner. How each step reaches Redis is
+it (an owner token) and with which fencing token. Acquire is SETNX, else take over an
+expired value; release and extend act only for the owner. How each step reaches Redis is
 a :class:`~celery_singleton_lock._protocol.Protocol`: Lua scripts by default, the classic
 plain commands with ``scripting=False``.
 
-Waiters block on a per-lock signal list (BLPOP) that a release pushes to, so a hand-off
-takes one round trip instead of a sleep; the BLPOP timeout doubles as the fallback poll
-that notices a crashed holder's lease running out. This module imports nothing from Celery.
+Ownership belongs to one *hold* (one successful acquire), never to the object: each hold
+gets an owner token of its own, so a thread that shares an instance with the holder, or a
+child process forked while it was held, contends like any other client.
+
+Waiters queue up and block (BLPOP); a release hands the lock straight to the first live
+waiter (scripted mode) or wakes one (plain mode), so a hand-off costs no sleep and, with
+scripts, no further round trip. The BLPOP timeout doubles as the fallback poll that notices
+a crashed holder's lease running out. This module imports nothing from Celery.
 """
 
 from __future__ import annotations
@@ -18,8 +23,11 @@ import logging
 import math
 import os
 import socket
+import threading
 import time
 import uuid
+from collections.abc import Hashable
+from dataclasses import dataclass
 from types import TracebackType
 from typing import Any, ClassVar, cast
 
@@ -27,10 +35,16 @@ import redis
 from redis.cluster import RedisCluster
 
 from celery_singleton_lock._plain import PlainProtocol
-from celery_singleton_lock._protocol import Protocol
-from celery_singleton_lock._redis import LockClient, call, socket_timeout, time_reply
+from celery_singleton_lock._protocol import Grant, Protocol, companion_key
+from celery_singleton_lock._redis import (
+    LockClient,
+    call,
+    socket_timeout,
+    time_reply,
+    wait_for_replicas,
+)
 from celery_singleton_lock._renewer import renewer
-from celery_singleton_lock._scripted import ScriptedProtocol
+from celery_singleton_lock._scripted import ScriptedProtocol, extend_all
 from celery_singleton_lock._value import Holder, LockValue, parse_value
 from celery_singleton_lock.exceptions import LockBackendError, LockError, LockNotOwned
 
@@ -51,32 +65,32 @@ _RENEW_DIVISOR = 3
 _MIN_RENEW_RETRY = 0.05
 
 
-def companion_key(name: str, suffix: str) -> str:
-    """A key that lives in the same Redis Cluster hash slot as ``name``.
-
-    When ``name`` has a hash tag (``{...}``) the suffix is simply appended; otherwise the
-    whole name becomes the tag. A name with a ``}`` but no valid tag cannot be co-located.
-    """
-    start = name.find("{")
-    if start != -1:
-        end = name.find("}", start + 1)
-        if end > start + 1:
-            return f"{name}:{suffix}"
-    if "}" in name:
-        raise ValueError(
-            f"lock name {name!r} contains '}}' without a hash tag; wrap the part that "
-            "identifies the lock in braces, e.g. 'orders:{sku-42}'"
-        )
-    return f"{{{name}}}:{suffix}"
-
-
 def _lease_ms(value: object, what: str) -> int:
     """Validate a lease in seconds and return it in milliseconds."""
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise ValueError(f"{what} must be a positive number of seconds, got {value!r}")
-    if not math.isfinite(value) or value <= 0:
+    try:
+        seconds = float(value)
+    except OverflowError:  # an int too big for a float
+        seconds = math.inf
+    if not math.isfinite(seconds) or seconds <= 0:
         raise ValueError(f"{what} must be a positive number of seconds, got {value!r}")
-    return max(1, round(value * 1000))
+    return max(1, round(seconds * 1000))
+
+
+@dataclass(eq=False)
+class _Hold:
+    """One successful acquire: the owner token it holds under, what the server granted,
+    and what this process knows about its lease. ``ended`` once released or detached."""
+
+    token: str
+    fence: int
+    thread: threading.Thread
+    expires_at: float  # local monotonic lower bound of the lease end (last confirmed lease)
+    key: str  # the lock key, or the slot it holds (limit > 1)
+    reserved: bool = False  # holds the instance's local reservation (a fixed ``token``)
+    lost: bool = False
+    ended: bool = False
 
 
 class RedisLock:
@@ -84,11 +98,35 @@ class RedisLock:
 
     ``timeout`` is the lease in seconds. ``auto_renew`` keeps extending the lease while the
     lock is held (see ``lease_lost``). ``fallback_poll`` bounds how long a waiter sleeps
-    without news before it looks again. ``token`` fixes the owner token (several instances
-    sharing a token are one owner); ``claim`` names another owner token whose hold this
-    lock's acquire takes over atomically, fencing token included (how the run of a queued
-    task takes the lock its message held); ``holder_info`` is a short text (or JSON-able
-    mapping) stored with the lock for operators.
+    without news before it looks again.
+
+    Every hold gets a fresh owner token, so one instance shared by threads, or inherited by
+    a forked child, still excludes: the others contend like any client, and the holding
+    thread re-acquiring gets ``LockError``. ``release()``, ``extend()``, ``fencing_token``
+    and ``lease_lost`` act on the calling thread's hold, or, from a thread that holds
+    none, on the one hold this instance has in this process (a lock taken in one thread
+    and released in another, as ``threading.Lock`` allows).
+
+    ``token`` fixes the owner token instead: every instance and process using that token is
+    one owner (threads of one instance still take turns); an instance with a fixed token can
+    release or extend that owner's hold without having acquired it. ``claim`` names another
+    owner token whose hold this lock's acquire takes over atomically, fencing token
+    included (how the run of a queued task takes the lock its message held);
+    ``holder_info`` is a short text (or JSON-able mapping) stored with the lock for
+    operators.
+
+    ``limit`` > 1 makes it a lock with that many slots (up to ``limit`` holders at once,
+    each leased, owner-checked and fenced like a single hold; scripted mode only); a
+    ``group`` (a token prefix) then never holds two slots at once, e.g. the deliveries of
+    one task.
+
+    ``replicas`` (default 0) makes every acquire and every lease extension wait until that
+    many replicas of the server acknowledge it (Redis ``WAIT``), at most
+    ``replicas_timeout`` seconds. When fewer acknowledge in time, an acquire is undone (an
+    owner-checked release) and raises ``LockBackendError``; an extension raises
+    ``LockBackendError`` without counting as confirmed, so ``lease_lost`` follows by the
+    clock if it keeps failing. It narrows the window in which a failover loses a lock that
+    was just granted; it does not close it (see docs/deployment.md).
     """
 
     #: The protocol for each value of ``scripting``; tests substitute instrumented ones.
@@ -109,13 +147,26 @@ class RedisLock:
         token: str | None = None,
         claim: str | None = None,
         holder_info: str | dict[str, Any] | None = None,
+        limit: int = 1,
+        group: str | None = None,
+        replicas: int = 0,
+        replicas_timeout: float = 0.5,
     ) -> None:
         if not isinstance(name, str) or not name:
             raise ValueError(f"lock name must be a non-empty string, got {name!r}")
+        if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
+            raise ValueError(f"limit must be an int >= 1, got {limit!r}")
+        if limit > 1 and not scripting:
+            raise ValueError("limit > 1 needs scripting=True (slots are taken by a script)")
+        if group is not None and (not group or ":" in group):
+            raise ValueError(f"group must be a non-empty string without ':', got {group!r}")
         self._lease_ms = _lease_ms(timeout, "timeout")
         _lease_ms(fallback_poll, "fallback_poll")
+        if isinstance(replicas, bool) or not isinstance(replicas, int) or not 0 <= replicas < 2**63:
+            raise ValueError(f"replicas must be an integer >= 0, got {replicas!r}")
+        self._replicas_timeout_ms = _lease_ms(replicas_timeout, "replicas_timeout")
         for label, given in (("token", token), ("claim", claim)):
-            if given is not None and (not given or ":" in given):
+            if given is not None and (not isinstance(given, str) or not given or ":" in given):
                 raise ValueError(f"{label} must be a non-empty string without ':', got {given!r}")
         self.client = client
         self.name = name
@@ -123,23 +174,85 @@ class RedisLock:
         self.auto_renew = auto_renew
         self.scripting = scripting
         self.fallback_poll = float(fallback_poll)
-        self.token = token or uuid.uuid4().hex
         self.claim = claim or ""
+        self.limit = limit
+        self.group = group or ""
+        self.replicas = replicas
+        self.replicas_timeout = float(replicas_timeout)
         self.signal_key = companion_key(name, "signal")
-        if holder_info is None:
-            holder_info = {"host": socket.gethostname(), "pid": os.getpid()}
-        self.holder_info = (
-            holder_info if isinstance(holder_info, str) else json.dumps(holder_info, sort_keys=True)
-        )
-        self.protocol = self.protocols[scripting](client, name, self.signal_key, self.holder_info)
-        self.fencing_token: int | None = None
-        self._lost = False
-        self._expires_at = 0.0  # local monotonic estimate of the lease end (a lower bound)
-        self._generation = 0
-        self._handed_off = False
+        self._fixed_token = token
+        self._given_info = holder_info
+        self._mutex = threading.Lock()  # guards _holds (the renewer thread reads holds too)
+        self._start_process()
+
+    def _start_process(self) -> None:
+        """Per-process state: set up at construction and again in a forked child, which
+        holds nothing its parent held."""
+        self._pid = os.getpid()
+        self._holds: dict[threading.Thread, _Hold] = {}
+        self._reservation = threading.Lock()  # threads of one fixed-token owner take turns
+        info = self._given_info
+        if info is None:
+            info = {"host": socket.gethostname(), "pid": self._pid}
+        self.holder_info = info if isinstance(info, str) else json.dumps(info, sort_keys=True)
+        protocol = self.protocols[self.scripting]
+        if self.limit > 1 or self.group:
+            self.protocol = protocol(self.client, self.name, self.signal_key, self.holder_info,
+                                     limit=self.limit, group=self.group)  # fmt: skip
+        else:
+            self.protocol = protocol(self.client, self.name, self.signal_key, self.holder_info)
 
     def __repr__(self) -> str:
-        return f"<RedisLock {self.name!r} token={self.token[:8]}… fence={self.fencing_token}>"
+        token = self.token
+        shown = f"{token[:8]}…" if token else None
+        return f"<RedisLock {self.name!r} token={shown} fence={self.fencing_token}>"
+
+    # -- the hold this call is about ---------------------------------------------------------
+
+    def _own_hold(self) -> _Hold | None:
+        """The calling thread's hold in this process (forgetting a parent's after fork)."""
+        with self._mutex:
+            if self._pid != os.getpid():
+                self._start_process()
+            return self._holds.get(threading.current_thread())
+
+    def _hold(self) -> _Hold | None:
+        """The calling thread's hold; else the only hold of this instance in this process."""
+        with self._mutex:
+            if self._pid != os.getpid():
+                self._start_process()
+            hold = self._holds.get(threading.current_thread())
+            if hold is None and len(self._holds) == 1:
+                hold = next(iter(self._holds.values()))
+            return hold
+
+    def _end(self, hold: _Hold, *, keep_turn: bool = False) -> None:
+        """Forget ``hold`` locally: renewal stops and, unless ``keep_turn``, a waiting thread
+        may take its turn."""
+        with self._mutex:
+            hold.ended = True
+            if self._holds.get(hold.thread) is hold:
+                del self._holds[hold.thread]
+        if not keep_turn:
+            self._end_turn(hold)
+
+    def _end_turn(self, hold: _Hold) -> None:
+        """Let the next thread of a fixed-token owner take its turn."""
+        if hold.reserved:
+            hold.reserved = False
+            self._reservation.release()
+
+    @property
+    def token(self) -> str | None:
+        """The owner token of the hold this call is about, else the fixed ``token``."""
+        hold = self._hold()
+        return hold.token if hold is not None else self._fixed_token
+
+    @property
+    def fencing_token(self) -> int | None:
+        """The fencing token of the hold this call is about (None when not held)."""
+        hold = self._hold()
+        return hold.fence if hold is not None else None
 
     # -- public API ---------------------------------------------------------------------
 
@@ -147,97 +260,217 @@ class RedisLock:
         """Take the lock; wait up to ``timeout`` seconds (None: forever) when ``blocking``.
 
         Returns False only when the lock stayed held; Redis errors raise LockBackendError.
+        The calling thread must not hold this instance already (LockError).
         """
         if timeout is not None and (
             isinstance(timeout, bool)
             or not isinstance(timeout, (int, float))
-            or math.isnan(timeout)
+            or (isinstance(timeout, float) and math.isnan(timeout))
             or timeout < 0
         ):
             raise ValueError(f"acquire timeout must be a number >= 0 or None, got {timeout!r}")
-        if timeout is not None and math.isinf(timeout):
-            timeout = None  # math.inf: wait forever
+        if timeout is not None and (timeout == math.inf or isinstance(timeout, int)):
+            try:
+                timeout = None if timeout == math.inf else float(timeout)
+            except OverflowError:
+                timeout = None  # an int too big for a float: wait forever, as math.inf
+        if self._own_hold() is not None:
+            raise LockError("this thread already holds it (RedisLock is not re-entrant)", self.name)
         deadline = None if timeout is None else time.monotonic() + timeout
-        waited = False
-        if blocking and self._handed_off:
-            # Our last release woke a waiter: queue behind it instead of barging in.
-            waited = True
-            self._wait(self.fallback_poll, deadline)
-        self._handed_off = False
+        reserved = False
+        if self._fixed_token is not None:
+            # One owner token, several threads: the server cannot tell them apart.
+            wait = -1 if deadline is None else max(0.0, deadline - time.monotonic())
+            if not self._reservation.acquire(blocking, wait if blocking else -1):
+                return False
+            reserved = True
+        try:
+            hold = self._acquire(blocking, deadline)
+            if hold is not None and self.replicas:
+                self._replicate_or_undo(hold.token, hold.key)
+        except BaseException:
+            if reserved:
+                self._reservation.release()
+            raise
+        if hold is None:
+            if reserved:
+                self._reservation.release()
+            return False
+        hold.reserved = reserved
+        with self._mutex:
+            self._holds[hold.thread] = hold
+        if self.auto_renew:
+            renewer.schedule(self._lane(), self, hold, self.timeout / _RENEW_DIVISOR)
+        return True
+
+    def _acquire(self, blocking: bool, deadline: float | None) -> _Hold | None:
+        token = self._fixed_token or self.group + uuid.uuid4().hex
+        me = threading.current_thread()
+        poll_ms = max(1, round(self._poll_cap() * 1000))
+        queued = False
         while True:
             started = time.monotonic()
-            mode = b"1" if waited else b"0" if blocking else b"x"
+            mode = b"1" if queued else b"0" if blocking else b"x"
             try:
-                acquired, number = self.protocol.acquire(
-                    self.token, self._lease_ms, mode, self.claim
+                acquired, number, key = self.protocol.acquire(
+                    token, self._lease_ms, mode, self.claim, poll_ms
                 )
             except LockBackendError as exc:
-                number = self._held_after_lost_reply(exc)
+                number, key = self._held_after_lost_reply(exc, token, queued=blocking)
                 acquired = True
             if acquired:
-                self.fencing_token = number
-                self._on_acquired(started)
-                return True
+                return _Hold(token, number, me, started + self._lease_ms / 1000, key or self.name)
             if not blocking:
-                return False
+                return None
+            queued = True
             if deadline is not None and time.monotonic() >= deadline:
-                return False
-            # Sleep until the holder's lease ends (its crash is noticed then), a release
-            # wakes us, or the fallback period passes, whichever comes first.
-            self._wait(min(max(1, number) / 1000 + _MIN_WAIT, self.fallback_poll), deadline)
-            waited = True
+                granted = self.protocol.cancel(token)
+                if granted is None:
+                    return None
+                return self._granted(token, granted, me, started)
+            # Block until a release hands us the lock or wakes us, the holder's lease ends
+            # (its crash is noticed then), or the fallback period passes. A grant comes
+            # after the try that queued us, so ``started`` bounds its lease from below.
+            try:
+                granted = self._wait(min(max(1, number) / 1000 + _MIN_WAIT, poll_ms / 1000),
+                                     deadline, token)  # fmt: skip
+            except BaseException:
+                self._stop_waiting(token)
+                raise
+            if granted is not None:
+                return self._granted(token, granted, me, started)
 
-    def release(self) -> None:
-        """Release the lock; LockNotOwned if this instance no longer holds it."""
-        self._stop_renewing()
-        self.fencing_token = None
-        result = self.protocol.release(self.token)
-        if not result:
+    def _granted(self, token: str, grant: Grant, me: threading.Thread, started: float) -> _Hold:
+        return _Hold(token, grant.fence, me, started + self._lease_ms / 1000,
+                     grant.key or self.name)  # fmt: skip
+
+    def _stop_waiting(self, token: str) -> None:
+        """Leave the queue after an error or interrupt while waiting; a grant that arrived
+        meanwhile is given back."""
+        try:
+            granted = self.protocol.cancel(token)
+            if granted is not None:
+                self.protocol.release(token, key=granted.key)
+        except LockError as exc:
+            log.warning("lock %r: could not leave the waiters' queue: %s", self.name, exc)
+
+    def release(self, *, record: tuple[str, str, int] | None = None) -> None:
+        """Release the lock; LockNotOwned if this instance no longer holds it.
+
+        ``record`` = (key, value, TTL ms) also sets that key in the same atomic step (the
+        key must share the lock's Redis Cluster hash slot, e.g. a ``companion_key``).
+        """
+        hold = self._hold()
+        key = None
+        if hold is not None:
+            # The next thread of a fixed-token owner waits until the server has released:
+            # it presents the same token, so a release still in flight would delete its hold.
+            self._end(hold, keep_turn=True)
+            token, key = hold.token, hold.key
+        elif self._fixed_token is not None:
+            token = self._fixed_token  # this instance speaks for that owner
+            key = self._slot_of(token)
+        else:
+            raise LockNotOwned("cannot release a lock this instance does not hold", self.name)
+        try:
+            released = self.protocol.release(token, record, key)
+        finally:
+            if hold is not None:
+                self._end_turn(hold)
+        if not released:
             raise LockNotOwned("cannot release a lock that is no longer owned", self.name)
-        self._handed_off = result == 2
 
     def extend(self, timeout: float | None = None) -> None:
         """Set the lease end to server now + ``timeout`` (default: the lease); owner only."""
         lease_ms = self._lease_ms if timeout is None else _lease_ms(timeout, "timeout")
-        started, generation = time.monotonic(), self._generation
-        if not self.protocol.extend(self.token, lease_ms):
+        hold = self._hold()
+        if hold is None and self._fixed_token is None:
+            raise LockNotOwned("cannot extend a lock this instance does not hold", self.name)
+        started = time.monotonic()
+        key: str | None
+        if hold is not None:
+            token, key = hold.token, hold.key
+        else:
+            token = cast("str", self._fixed_token)
+            key = self._slot_of(token)
+        if not self.protocol.extend(token, lease_ms, key):
             raise LockNotOwned("cannot extend a lock that is no longer owned", self.name)
-        if generation == self._generation:  # else the reply is about an earlier hold
-            self._expires_at = started + lease_ms / 1000
+        if self.replicas:
+            self._replicate()
+        if hold is not None and not hold.ended:
+            hold.expires_at = started + lease_ms / 1000
+        self._renewed()
+
+    def _renewed(self) -> None:
+        """Called after every confirmed extension of the lease, by ``extend()`` or by the
+        renewer (in its thread); a hook for subclasses that observe renewals."""
 
     @property
     def lease_lost(self) -> bool:
-        """True once the current hold can no longer be trusted: renewal found the lock gone,
-        or the lease's deadline passed with no confirmed renewal. Judged by the local clock
-        from the last confirmed lease, so a stalled connection cannot delay it."""
-        if self._lost:
-            return True
-        return self.fencing_token is not None and time.monotonic() >= self._expires_at
-
-    @lease_lost.setter
-    def lease_lost(self, value: bool) -> None:
-        self._lost = value
+        """True once the hold can no longer be trusted: renewal found the lock gone, or the
+        lease's deadline passed with no confirmed renewal. Judged by the local clock from
+        the last confirmed lease, so a stalled connection cannot delay it."""
+        hold = self._hold()
+        return hold is not None and (hold.lost or time.monotonic() >= hold.expires_at)
 
     def owned(self) -> bool:
         """Whether this instance holds the lock right now, per the server's clock."""
-        now_ms, value, _ = self._inspect()
-        return value is not None and value.token == self.token and value.held_at(now_ms)
+        token = self.token
+        if token is None:
+            return False
+        hold = self._hold()
+        now_ms, value, _ = self._inspect(hold.key if hold is not None else self._slot_of(token))
+        return value is not None and value.token == token and value.held_at(now_ms)
 
     def locked(self) -> bool:
-        """Whether anyone holds the lock right now, per the server's clock."""
-        now_ms, value, ttl = self._inspect()
-        return value is not None and value.held_at(now_ms, ttl)
+        """Whether anyone holds the lock (any of its slots) right now, per the server's
+        clock."""
+        return bool(self.holders())
 
     def holder(self) -> Holder | None:
-        """Who holds the lock now (token, fencing token, lease left, holder info), or None."""
-        now_ms, value, ttl = self._inspect()
-        return value.holder(now_ms, ttl) if value is not None else None
+        """Who holds the lock now (token, fencing token, lease left, holder info), or None;
+        with several slots, the newest holder (the largest fencing token)."""
+        if self.limit == 1:
+            now_ms, value, ttl = self._inspect()
+            return value.holder(now_ms, ttl) if value is not None else None
+        holders = self.holders()
+        return max(holders, key=lambda holder: holder.fence or 0) if holders else None
+
+    def holders(self) -> list[Holder]:
+        """Everyone holding the lock now, one per slot held (at most ``limit``)."""
+        if self.limit == 1:
+            holder = self.holder()
+            return [holder] if holder is not None else []
+        found = []
+        for key in self.slot_keys():
+            now_ms, value, ttl = self._inspect(key)
+            holder = value.holder(now_ms, ttl) if value is not None else None
+            if holder is not None:
+                found.append(holder)
+        return found
+
+    def slot_keys(self) -> list[str]:
+        """The keys of this lock's slots: the lock key, then ``<base>slot:<i>``."""
+        return [self.name] + [
+            companion_key(self.name, f"slot:{i}") for i in range(2, self.limit + 1)
+        ]
+
+    def _slot_of(self, token: str) -> str | None:
+        """The slot held under ``token`` (a fixed-token instance acting for an owner)."""
+        if self.limit == 1:
+            return None
+        for key in self.slot_keys():
+            raw = call(self.name, self.client.get, key)
+            if raw is not None and parse_value(raw).token == token:
+                return key
+        return None
 
     def detach(self) -> None:
         """Stop renewing and forget the hold locally, without releasing it: the lock stays
-        with whoever has this owner token (e.g. a queued task message) until it expires."""
-        self._stop_renewing()
-        self.fencing_token = None
+        with whoever has its owner token (e.g. a queued task message) until it expires."""
+        hold = self._hold()
+        if hold is not None:
+            self._end(hold)
 
     def __enter__(self) -> RedisLock:
         self.acquire()
@@ -258,7 +491,36 @@ class RedisLock:
 
     # -- internals ------------------------------------------------------------------------
 
-    def _held_after_lost_reply(self, error: LockBackendError) -> int:
+    def _replicate(self) -> None:
+        """Wait until ``replicas`` replicas acknowledge every write the server made so far;
+        LockBackendError when fewer do within ``replicas_timeout``."""
+        acked = call(
+            self.name, wait_for_replicas, self.client, self.name,
+            companion_key(self.name, "sync"), self.replicas, self._replicas_timeout_ms,
+        )  # fmt: skip
+        if acked < self.replicas:
+            raise LockBackendError(
+                f"only {acked} of {self.replicas} replicas acknowledged the lock within "
+                f"{self.replicas_timeout:g} s",
+                self.name,
+            )
+
+    def _replicate_or_undo(self, token: str, key: str) -> None:
+        """After a hold was granted to ``token``: wait for the replicas, or give the hold
+        back (owner-checked) and re-raise, so no lock stays granted that a failover could
+        lose."""
+        try:
+            self._replicate()
+        except LockBackendError:
+            try:
+                self.protocol.release(token, key=key)
+            except LockError as exc:  # the server will end the lease
+                log.warning("lock %r: could not undo an unreplicated acquire: %s", self.name, exc)
+            raise
+
+    def _held_after_lost_reply(
+        self, error: LockBackendError, token: str, *, queued: bool
+    ) -> tuple[int, str | None]:
         """After an acquire whose reply was lost (a connection error mid-call), look once,
         by token, whether the write happened: return the hold's fencing token if it did,
         so the caller owns what the server granted; re-raise ``error`` if it did not (or
@@ -267,85 +529,138 @@ class RedisLock:
         if not isinstance(error.__cause__, (redis.ConnectionError, redis.TimeoutError)):
             raise error
         try:
-            now_ms, value, _ = self._inspect()
+            key = self._slot_of(token)
+            now_ms, value, _ = self._inspect(key)
         except LockBackendError:
             raise error from None
-        if value is None or value.token != self.token or not value.held_at(now_ms):
-            raise error
+        if value is None or value.token != token or not value.held_at(now_ms):
+            granted = self._cancel_quietly(token) if queued else None
+            if granted is None:
+                raise error
+            return granted.fence, granted.key
         log.warning("lock %r: acquire reply lost, but the server granted it", self.name)
-        return value.fence or 0
+        return value.fence or 0, key
 
-    def _on_acquired(self, started: float) -> None:
-        self._generation += 1
-        self.lease_lost = False
-        self._expires_at = started + self._lease_ms / 1000
-        if self.auto_renew:
-            renewer.schedule(self, self.timeout / _RENEW_DIVISOR, self._generation)
+    def _cancel_quietly(self, token: str) -> Grant | None:
+        """Leave the waiters' queue if that try put us there; the fencing token if the lock
+        was handed to us meanwhile, None otherwise (or when the server cannot say)."""
+        try:
+            return self.protocol.cancel(token)
+        except LockError:
+            return None
 
-    def _wait(self, seconds: float, deadline: float | None) -> None:
-        """Block on the signal list for at most ``seconds`` (and never past ``deadline``)."""
+    def _poll_cap(self) -> float:
+        """The longest single block: the fallback poll, and never near the client's socket
+        timeout (a BLPOP must return before the connection gives up on it)."""
+        cap = socket_timeout(self.client)
+        return self.fallback_poll if cap is None else min(self.fallback_poll, cap * _SOCKET_SHARE)
+
+    def _wait(self, seconds: float, deadline: float | None, token: str) -> Grant | None:
+        """Block for at most ``seconds`` (never past ``deadline``) until a release hands the
+        lock to ``token`` (its fencing token is returned) or wakes us (None)."""
         if deadline is not None:
             seconds = min(seconds, deadline - time.monotonic())
-        cap = socket_timeout(self.client)
-        if cap is not None:
-            seconds = min(seconds, cap * _SOCKET_SHARE)
+        seconds = min(seconds, self._poll_cap())
         if seconds > _TIMER_SLACK + _BLPOP_MARGIN:
             # The server checks BLPOP timeouts only on its timer tick, up to ~0.1 s late:
             # ask for less and wake early rather than late.
-            call(
-                self.name,
-                self.client.blpop,
-                [self.signal_key],
-                timeout=round(seconds - _TIMER_SLACK, 3),
-            )
-        elif seconds > 0:
+            return self.protocol.wait(token, round(seconds - _TIMER_SLACK, 3))
+        if seconds > 0:
             time.sleep(seconds)  # the last stretch before a lease ends, timed here exactly
+        return None
 
-    def _inspect(self) -> tuple[int, LockValue | None, int | None]:
-        """Server time, the parsed value and the key's PTTL (one round trip off a cluster)."""
+    def _inspect(self, key: str | None = None) -> tuple[int, LockValue | None, int | None]:
+        """Server time, the parsed value of ``key`` (default: the lock key) and its PTTL (one
+        round trip off a cluster)."""
+        key = key or self.name
         if isinstance(self.client, RedisCluster):
             # Cluster pipelines refuse keyless commands: read the key's node clock first.
             now_ms = self.protocol.server_time()[0]
             cluster_pipe = cast("Any", self.client).pipeline(transaction=False)  # untyped
-            cluster_pipe.get(self.name)
-            cluster_pipe.pttl(self.name)
+            cluster_pipe.get(key)
+            cluster_pipe.pttl(key)
             raw, ttl = call(self.name, cluster_pipe.execute)
         else:
             pipe = self.client.pipeline(transaction=False)
             pipe.time()
-            pipe.get(self.name)
-            pipe.pttl(self.name)
+            pipe.get(key)
+            pipe.pttl(key)
             reply, raw, ttl = call(self.name, pipe.execute)
             now_ms = time_reply(reply)[0]
         return now_ms, (parse_value(raw) if raw is not None else None), int(ttl)
 
-    # -- renewal (called by the process-wide renewer thread) -------------------------------
+    # -- renewal (called by a renewer lane's thread) ----------------------------------------
 
-    def _renew_due(self, generation: int) -> float | None:
-        if generation != self._generation or not self.auto_renew:
+    def _lane(self) -> Hashable:
+        """Which renewer lane serves this lock: one per connection pool (per cluster node),
+        so a stalled server delays only the renewals of locks on it."""
+        if isinstance(self.client, RedisCluster):
+            node = cast("Any", self.client).get_node_from_key(self.name)  # untyped
+            return (self.client, node.name)
+        return cast("Hashable", getattr(self.client, "connection_pool", self.client))
+
+    def _renew(self, hold: _Hold) -> float | None:
+        """Extend ``hold``'s lease; the delay until its next renewal, or None to stop."""
+        if hold.ended or not self.auto_renew:
             return None
+        started = time.monotonic()
         try:
-            self.extend()
-        except LockNotOwned:
-            if generation != self._generation:
-                return None  # a reply about an earlier hold: the current one is not lost
-            self.lease_lost = True
+            expiry = self.protocol.extend(hold.token, self._lease_ms, hold.key)
+            if expiry and self.replicas:
+                self._replicate()
+        except Exception as exc:  # noqa: BLE001 - a LockError, or a client closed under us
+            return self._renewal_reply(hold, started, exc)
+        return self._renewal_reply(hold, started, expiry)
+
+    @classmethod
+    def _renew_all(cls, due: list[tuple[RedisLock, _Hold]]) -> list[float | None]:
+        """Extend every hold in ``due`` (all on one connection pool; the delays until their
+        next renewals, None to stop): the scripted, unreplicated ones of a plain client in
+        one pipelined round trip, the others one by one."""
+        delays: list[float | None] = [None] * len(due)
+        batch: list[int] = []
+        for index, (lock, hold) in enumerate(due):
+            if (
+                type(lock.protocol) is ScriptedProtocol
+                and not lock.replicas
+                and type(lock.client) is redis.Redis
+                and lock.auto_renew
+                and not hold.ended
+            ):
+                batch.append(index)
+            else:
+                delays[index] = lock._renew(hold)
+        if batch:
+            client = cast("redis.Redis", due[batch[0]][0].client)  # a plain client: checked
+            started = time.monotonic()
+            replies = extend_all(client, [
+                (due[i][0].name, due[i][1].key, due[i][1].token, due[i][0]._lease_ms)
+                for i in batch
+            ])  # fmt: skip
+            for index, reply in zip(batch, replies, strict=True):
+                lock, hold = due[index]
+                delays[index] = lock._renewal_reply(hold, started, reply)
+        return delays
+
+    def _renewal_reply(
+        self, hold: _Hold, started: float, reply: int | BaseException
+    ) -> float | None:
+        """Record what a renewal sent at ``started`` brought (the new expiry, 0 when the
+        hold is no longer ours, or an error); the delay until the next one, or None."""
+        if hold.ended:
+            return None  # a reply about a hold that ended meanwhile: nothing to record
+        if isinstance(reply, BaseException):
+            left = hold.expires_at - time.monotonic()
+            if left <= 0:
+                hold.lost = True
+                log.error("lock %r: lease lost, Redis unreachable: %s", self.name, reply)
+                return None
+            log.warning("lock %r: renewal failed, retrying: %s", self.name, reply)
+            return min(max(left / 4, _MIN_RENEW_RETRY), self.timeout / _RENEW_DIVISOR)
+        if not reply:
+            hold.lost = True
             log.error("lock %r: lease lost (another holder took it or it expired)", self.name)
             return None
-        except LockError as exc:
-            if generation != self._generation:
-                return None
-            left = self._expires_at - time.monotonic()
-            if left <= 0:
-                self.lease_lost = True
-                log.error("lock %r: lease lost, Redis unreachable: %s", self.name, exc)
-                return None
-            log.warning("lock %r: renewal failed, retrying: %s", self.name, exc)
-            return min(max(left / 4, _MIN_RENEW_RETRY), self.timeout / _RENEW_DIVISOR)
+        hold.expires_at = started + self._lease_ms / 1000
+        self._renewed()
         return self.timeout / _RENEW_DIVISOR
-
-    def _renewing(self, generation: int) -> bool:
-        return generation == self._generation and self.auto_renew
-
-    def _stop_renewing(self) -> None:
-        self._generation += 1

@@ -53,7 +53,7 @@ class _HeldExtend(ScriptedProtocol):
     gate: ClassVar[threading.Event] = threading.Event()
     entered: ClassVar[threading.Event] = threading.Event()
 
-    def extend(self, token: str, lease_ms: int) -> int:
+    def extend(self, token: str, lease_ms: int, key: str | None = None) -> int:
         self.entered.set()
         assert self.gate.wait(10)
         return 0
@@ -66,9 +66,9 @@ class _StaleReplyLock(RedisLock):
 def test_stale_renewal_reply_does_not_mark_a_newer_hold_lost(client: redis.Redis, key: str) -> None:
     lock = _StaleReplyLock(client, key, timeout=30, auto_renew=True)
     assert lock.acquire(blocking=False)
-    generation = lock._generation
+    first = lock._hold()
     results: list[Any] = []
-    renewal = threading.Thread(target=lambda: results.append(lock._renew_due(generation)))
+    renewal = threading.Thread(target=lambda: results.append(lock._renew(first)))
     renewal.start()
     assert _HeldExtend.entered.wait(10)
     lock.release()  # that hold ends while its renewal is still in flight...

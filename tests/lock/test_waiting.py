@@ -20,9 +20,9 @@ def _total_calls(client: redis.Redis) -> int:
     return sum(int(v["calls"]) for k, v in stats.items() if k not in ("cmdstat_info",))
 
 
-def test_release_wakes_a_waiter_within_tens_of_ms(make_lock: Any) -> None:
-    """A blocked waiter gets the lock within 50 ms of the release, far sooner than its
-    5 s fallback poll, so the release notified it."""
+def test_release_wakes_a_waiter_long_before_its_fallback_poll(make_lock: Any) -> None:
+    """A blocked waiter gets the lock well within its 5 s fallback poll of the release, so
+    the release notified it (tens of ms on a quiet machine; the bound allows a loaded one)."""
     holder = make_lock(timeout=30)
     waiter = make_lock(timeout=30, fallback_poll=5.0)
     assert holder.acquire()
@@ -39,15 +39,17 @@ def test_release_wakes_a_waiter_within_tens_of_ms(make_lock: Any) -> None:
     holder.release()
     thread.join(timeout=10)
     assert "at" in got
-    assert got["at"] - released < 0.05
+    assert got["at"] - released < 0.5
     waiter.release()
 
 
 def test_commands_during_a_three_second_wait_stay_bounded(
     fresh_server: RedisServer, scripting: bool
 ) -> None:
-    """A waiter blocked 3 s behind a live holder sends a few commands per fallback period
-    (1 s), not one per millisecond like a sleep-and-retry loop."""
+    """A waiter blocked 3 s behind a live holder sends a bounded number of commands per
+    fallback period (1 s: one try that renews its place in the queue, about ten commands
+    counted inside the script, and one blocking pop), not one per millisecond like a
+    sleep-and-retry loop."""
     client = redis.Redis.from_url(fresh_server.url)
     holder = RedisLock(client, "busy", timeout=60, scripting=scripting)
     waiter = RedisLock(client, "busy", timeout=60, scripting=scripting, fallback_poll=1.0)
@@ -58,7 +60,7 @@ def test_commands_during_a_three_second_wait_stay_bounded(
     elapsed = time.monotonic() - started
     used = _total_calls(client) - before - 1  # minus our own INFO
     assert 2.9 < elapsed < 3.5
-    assert used <= 40, used
+    assert used <= 25 * 3, used
 
 
 def test_acquire_timeout_is_respected(make_lock: Any) -> None:
@@ -146,3 +148,21 @@ def test_non_blocking_try_does_not_ask_for_a_wake_up(
     assert not make_lock().acquire(timeout=0.2)
     if scripting:
         assert client.get(key).split(b":")[1] == b"1"
+
+
+def test_fallback_poll_longer_than_the_socket_timeout(
+    redis_server: RedisServer, key: str, scripting: bool
+) -> None:
+    """A waiter whose fallback poll (5 s) is longer than its client's socket timeout (0.3 s)
+    waits its full acquire timeout without a LockBackendError, and a release still wakes it."""
+    client = redis.Redis.from_url(redis_server.url, socket_timeout=0.3)
+    holder = RedisLock(client, key, timeout=30, scripting=scripting)
+    waiter = RedisLock(client, key, timeout=30, scripting=scripting, fallback_poll=5.0)
+    assert holder.acquire()
+    started = time.monotonic()
+    assert not waiter.acquire(timeout=1.5)
+    assert 1.4 < time.monotonic() - started < 2.5
+    threading.Timer(0.5, holder.release).start()
+    assert waiter.acquire(timeout=5)
+    waiter.release()
+    client.close()
