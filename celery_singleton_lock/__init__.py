@@ -17,11 +17,12 @@ from celery_singleton_lock.exceptions import (
     LockNotOwned,
     SingletonLockError,
     TaskLocked,
+    TaskThrottled,
 )
 from celery_singleton_lock.lock import Holder, RedisLock
 
 if TYPE_CHECKING:
-    from celery_singleton_lock.admin import clear_locks
+    from celery_singleton_lock.admin import Skip, clear_locks, skip_info
     from celery_singleton_lock.integration import setup
     from celery_singleton_lock.task import LockedTask, current_lock
 
@@ -33,11 +34,14 @@ __all__ = [
     "LockedTask",
     "RedisLock",
     "SingletonLockError",
+    "Skip",
     "TaskLocked",
+    "TaskThrottled",
     "__version__",
     "clear_locks",
     "current_lock",
     "setup",
+    "skip_info",
 ]
 
 # Celery-side names and the module that defines each, imported when first asked for.
@@ -45,6 +49,8 @@ _LAZY = {
     "LockedTask": "celery_singleton_lock.task",
     "current_lock": "celery_singleton_lock.task",
     "clear_locks": "celery_singleton_lock.admin",
+    "skip_info": "celery_singleton_lock.admin",
+    "Skip": "celery_singleton_lock.admin",
     "setup": "celery_singleton_lock.integration",
 }
 

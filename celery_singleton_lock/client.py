@@ -46,7 +46,10 @@ _MASK = "**"
 _CREDENTIALS = re.compile(r"^([^:]*://[^:/@]*:).*@")
 _QUERY_PASSWORD = re.compile(r"([?&]password=)[^&]*", re.IGNORECASE)
 
-_cache: weakref.WeakKeyDictionary[Any, tuple[int, str, LockClient]] = weakref.WeakKeyDictionary()
+#: Per app: (the PID that built them, {URL: client}).
+_cache: weakref.WeakKeyDictionary[Any, tuple[int, dict[str, LockClient]]] = (
+    weakref.WeakKeyDictionary()
+)
 _guard = threading.Lock()
 
 # Generous enough for a loaded server, short enough that "Redis down" is noticed in seconds.
@@ -117,6 +120,12 @@ def client_from_url(url: str, master_name: str | None = None) -> LockClient:
         if url.startswith(scheme):
             plain = scheme.replace("+cluster", "") + url[len(scheme) :]
             return RedisCluster.from_url(plain, **_CLUSTER_OPTIONS)
+    if url.startswith("unix://"):
+        # A unix-socket connection takes no TCP keepalive option.
+        unix = {
+            name: value for name, value in _CLIENT_OPTIONS.items() if name != "socket_keepalive"
+        }
+        return redis.Redis.from_url(url, **unix)
     if not url.startswith("sentinel://"):
         return redis.Redis.from_url(url, **_CLIENT_OPTIONS)
     hosts: list[tuple[str, int]] = []
@@ -143,13 +152,18 @@ def client_from_url(url: str, master_name: str | None = None) -> LockClient:
 
 
 def redis_for(app: Any, url: str) -> LockClient:
-    """The lock client of ``app`` in this process (rebuilt after fork or a URL change)."""
+    """The lock client of ``app`` for ``url`` in this process (rebuilt after fork). An app
+    may lock on more than one URL (the compat base classes read their own settings), so
+    each URL keeps its client."""
     pid = os.getpid()
     with _guard:
         cached = _cache.get(app)
-        if cached is not None and cached[0] == pid and cached[1] == url:
-            return cached[2]
-        transport = app.conf.get("broker_transport_options") or {}
-        client = client_from_url(url, transport.get("master_name"))
-        _cache[app] = (pid, url, client)
+        if cached is None or cached[0] != pid:
+            cached = (pid, {})
+            _cache[app] = cached
+        client = cached[1].get(url)
+        if client is None:
+            transport = app.conf.get("broker_transport_options") or {}
+            client = client_from_url(url, transport.get("master_name"))
+            cached[1][url] = client
         return client

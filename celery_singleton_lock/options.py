@@ -18,6 +18,7 @@ import difflib
 import fnmatch
 import math
 import numbers
+import re
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
@@ -28,22 +29,39 @@ from celery.exceptions import ImproperlyConfigured
 from celery_singleton_lock.client import mask_url, url_error
 
 __all__ = [
+    "COMBINATIONS",
     "CONFLICT_POLICIES",
+    "FOLLOWUP_POLICIES",
+    "MAX_RATE_STARTS",
     "MIN_TIMEOUT",
+    "RATE_UNITS",
+    "RELEASES",
     "SCOPES",
     "SETTING_PREFIX",
     "TASK_OPTION_PREFIX",
+    "Combination",
     "LockOptions",
     "Settings",
+    "check_combinations",
     "did_you_mean",
+    "parse_rate",
     "reference_markdown",
     "setting_names",
     "task_option_names",
     "validate_task_options",
 ]
 
-CONFLICT_POLICIES = ("skip", "wait", "retry", "raise")
+CONFLICT_POLICIES = ("skip", "wait", "retry", "raise", "coalesce", "replace")
+#: Policies that keep one pending follow-up per key (queue scope only).
+FOLLOWUP_POLICIES = ("coalesce", "replace")
 SCOPES = ("run", "queue")
+#: When a run's key frees: at the end of the run, when the body starts (queue scope), or at
+#: the end unless the run succeeded, which keeps it ``lock_hold`` seconds more.
+RELEASES = ("end", "start", "success")
+#: ``lock_rate_limit`` units, as in Celery's rate strings: seconds per unit.
+RATE_UNITS = {"s": 1, "m": 60, "h": 3600}
+#: The most starts a rate may allow per window: each one is a member of a sorted set.
+MAX_RATE_STARTS = 100_000
 #: Task attributes, per-call options and ``singleton_lock_tasks`` entries start with this.
 TASK_OPTION_PREFIX = "lock_"
 #: Every app setting starts with this (Django: ``CELERY_`` + the upper-case name).
@@ -70,7 +88,10 @@ def _seconds(*, minimum: float, inclusive: bool, inf_is_none: bool = False) -> P
 
     def parse(value: Any, where: str) -> float | None:
         if _is_number(value):
-            number = float(value)
+            try:
+                number = float(value)
+            except OverflowError:  # an int or Fraction too big for a float
+                number = math.nan
             if inf_is_none and number == math.inf:
                 return None
             if math.isfinite(number) and (number >= minimum if inclusive else number > minimum):
@@ -81,6 +102,21 @@ def _seconds(*, minimum: float, inclusive: bool, inf_is_none: bool = False) -> P
         )
 
     return parse
+
+
+#: Redis WAIT takes its number of replicas as a signed 64-bit integer.
+_MAX_REPLICAS = 2**63 - 1
+
+
+def _replica_count(value: Any, where: str) -> int:
+    """A whole number from 0 to what Redis accepts (not a bool)."""
+    if (
+        isinstance(value, numbers.Integral)
+        and not isinstance(value, bool)
+        and 0 <= int(value) <= _MAX_REPLICAS
+    ):
+        return int(value)
+    raise ImproperlyConfigured(f"{where} must be an integer >= 0, got {value!r}")
 
 
 def _flag(value: Any, where: str) -> bool:
@@ -100,6 +136,17 @@ def _choice(choices: tuple[str, ...]) -> Parser:
     return parse
 
 
+def _count(*, minimum: int) -> Parser:
+    """A whole number (not a bool) of at least ``minimum``."""
+
+    def parse(value: Any, where: str) -> int:
+        if isinstance(value, int) and not isinstance(value, bool) and value >= minimum:
+            return value
+        raise ImproperlyConfigured(f"{where} must be a whole number >= {minimum}, got {value!r}")
+
+    return parse
+
+
 def _keys(value: Any, where: str) -> KeysOption:
     """``None``, a callable, or a list/tuple of parameter names (returned as a tuple).
 
@@ -115,6 +162,30 @@ def _keys(value: Any, where: str) -> KeysOption:
         f"{where} must be None, a callable (args, kwargs) -> str, or a list/tuple of "
         f"parameter names, got {value!r}{hint}"
     )
+
+
+_RATE = re.compile(r"([0-9]{1,9})(?:/([smh]))?")
+
+
+def _rate(value: Any, where: str) -> str:
+    """Celery's rate string, strictly: ``"N/s"``, ``"N/m"``, ``"N/h"`` or a bare ``N`` (per
+    second, as Celery reads it; also as an int), N a whole number of starts from 1 to
+    ``MAX_RATE_STARTS``. Returned in the canonical form ``"N/unit"``."""
+    text = str(value) if isinstance(value, int) and not isinstance(value, bool) else value
+    found = _RATE.fullmatch(text) if isinstance(text, str) else None
+    if found and 1 <= int(found.group(1)) <= MAX_RATE_STARTS:
+        return f"{int(found.group(1))}/{found.group(2) or 's'}"
+    raise ImproperlyConfigured(
+        f"{where} must be a rate 'N/s', 'N/m' or 'N/h' (at most N starts per key in any "
+        f"second, minute or hour; a bare N is per second), N a whole number from 1 to "
+        f"{MAX_RATE_STARTS}, got {value!r}"
+    )
+
+
+def parse_rate(rate: str) -> tuple[int, int]:
+    """``(N, window ms)`` of a validated ``lock_rate_limit`` (``"10/m"`` -> ``(10, 60000)``)."""
+    count, _, unit = _rate(rate, "lock_rate_limit").partition("/")
+    return int(count), RATE_UNITS[unit] * 1000
 
 
 def _url(value: Any, where: str) -> str | None:
@@ -216,7 +287,9 @@ class LockOptions:
     on_conflict: str = _option(
         "skip", _choice(CONFLICT_POLICIES),
         "What a run does when another holds the lock: skip it, wait (at most lock_wait), "
-        "retry after lock_retry_delay, or raise TaskLocked.",
+        "retry after lock_retry_delay, or raise TaskLocked. Queue scope also: coalesce (the "
+        "call becomes the one pending follow-up, latest arguments win) or replace (the call "
+        "supersedes a queued holder, else follows a running one).",
         values=", ".join(CONFLICT_POLICIES),
     )  # fmt: skip
     scope: str = _option(
@@ -236,11 +309,63 @@ class LockOptions:
         "never past the holder's remaining lease.",
         values="seconds >= 0, None", none_is_value=True,
     )  # fmt: skip
+    limit: int = _option(
+        1, _count(minimum=1),
+        "Up to this many runs per key at once (slots, each leased, owner-checked and fenced "
+        "like the lock); 1: one at a time. A task's deliveries never hold two slots.",
+        values="whole number >= 1",
+    )  # fmt: skip
+    debounce: float | None = _option(
+        None, _seconds(minimum=0, inclusive=False),
+        "Calls of one key closer than this many seconds apart form a burst that runs once, "
+        "this long after its last call, with the last call's arguments; every call of the "
+        "burst gets the same AsyncResult. None: no debounce.",
+        values="seconds > 0, None", none_is_value=True,
+    )  # fmt: skip
+    debounce_max_wait: float | None = _option(
+        None, _seconds(minimum=0, inclusive=False),
+        "With lock_debounce: a burst runs at the latest this many seconds after its first "
+        "call, however steady the stream of calls. None: no limit.",
+        values="seconds > 0, None", none_is_value=True,
+    )  # fmt: skip
+    replace_running: bool = _option(
+        False, _flag,
+        "With lock_on_conflict='replace': also supersede a holder that already runs (it is "
+        "revoked with terminate=True and the new call takes the lock, with a larger fencing "
+        "token, at once).",
+        values="True, False",
+    )  # fmt: skip
     queue_timeout: float = _option(
         3600.0, _seconds(minimum=MIN_TIMEOUT, inclusive=True),
         "Queue scope: the lease of the lock while its message waits in the queue (nobody "
         "renews it there).",
         values=f"seconds >= {MIN_TIMEOUT:g}",
+    )  # fmt: skip
+    rate_limit: str | None = _option(
+        None, _rate,
+        "Cluster-wide throttle: at most N starts per key in any window of the given length "
+        "(sliding, on the Redis clock); a run over it meets lock_on_conflict, retry counting "
+        "down to the next free start. See Modes.",
+        values="'N/s', 'N/m', 'N/h', N", setting=False,
+    )  # fmt: skip
+    release: str = _option(
+        "end", _choice(RELEASES),
+        "When the key frees: end of the run; start: when the body starts (queue scope only); "
+        "success: at the end, but a successful run keeps it lock_hold seconds more.",
+        values=", ".join(RELEASES), setting=False,
+    )  # fmt: skip
+    hold: float | None = _option(
+        None, _seconds(minimum=0, inclusive=False),
+        "With lock_release='success': seconds a successful run keeps the key after it "
+        "ended (at most one success per lock_hold).",
+        values="seconds > 0", setting=False,
+    )  # fmt: skip
+    replicas: int = _option(
+        0, _replica_count,
+        "After taking or renewing a lock, wait (Redis WAIT, at most 0.5 s) until this many "
+        "replicas have it; fewer in time: the lock is given back and the run retries as when "
+        "Redis is unreachable. Narrows the window in which a failover loses a lock.",
+        values="integer >= 0",
     )  # fmt: skip
 
 
@@ -337,9 +462,11 @@ class Settings(LockOptions):
             }
             merged.update(validate_task_options(given, f"task {task_name!r}"))
         defaults = self.task_defaults()
-        return dataclasses.replace(
+        options = dataclasses.replace(
             defaults, **{name.removeprefix(TASK_OPTION_PREFIX): v for name, v in merged.items()}
         )
+        check_combinations(options, f"task {task_name!r}", self)
+        return options
 
 
 def _fields(cls: type[LockOptions]) -> Iterator[dataclasses.Field[Any]]:
@@ -391,6 +518,99 @@ def validate_task_options(options: Mapping[str, Any], where: str) -> dict[str, A
             continue
         result[name] = row.metadata["parse"](value, f"{where}: {name}")
     return result
+
+
+# ------------------------------------------------------------------ combinations
+
+
+@dataclass(frozen=True)
+class Combination:
+    """One rule about options that cannot go together. ``invalid(options, settings)`` says
+    whether the effective options of a task (with the app's settings, when known) break
+    it; ``message`` says why, naming every option involved as a user writes it."""
+
+    invalid: Callable[[LockOptions, Settings | None], bool]
+    message: str
+
+
+def _no_scripts(settings: Settings | None) -> bool:
+    return settings is not None and not settings.scripting
+
+
+#: Every invalid combination of options, checked in one place (:func:`check_combinations`)
+#: for the effective options of each task and of each call. Add a rule here for a new mode.
+COMBINATIONS: tuple[Combination, ...] = (
+    Combination(
+        lambda o, _: o.release == "start" and o.scope != "queue",
+        "lock_release='start' needs lock_scope='queue' (in run scope the key is taken as the "
+        "body starts, so freeing it then would lock nothing)",
+    ),
+    Combination(
+        lambda o, _: o.release == "success" and o.hold is None,
+        "lock_release='success' needs lock_hold=<seconds>: how long a successful run keeps the key",
+    ),
+    Combination(
+        lambda o, _: o.hold is not None and o.release != "success",
+        "lock_hold is only meaningful with lock_release='success' (it is how long a "
+        "successful run keeps the key)",
+    ),
+    Combination(
+        lambda o, s: o.rate_limit is not None and _no_scripts(s),
+        "lock_rate_limit needs Lua scripts, which singleton_lock_scripting=False turns off",
+    ),
+    Combination(
+        lambda o, s: o.release == "success" and _no_scripts(s),
+        "lock_release='success' needs Lua scripts, which singleton_lock_scripting=False turns off",
+    ),
+    Combination(
+        lambda o, s: o.limit > 1 and _no_scripts(s),
+        "lock_limit > 1 needs Lua scripts (slots are taken by a script), which "
+        "singleton_lock_scripting=False turns off",
+    ),
+    Combination(
+        lambda o, _: o.on_conflict in FOLLOWUP_POLICIES and o.scope != "queue",
+        "lock_on_conflict='coalesce' or 'replace' needs lock_scope='queue' (they keep one "
+        "follow-up per queued key)",
+    ),
+    Combination(
+        lambda o, _: o.on_conflict in FOLLOWUP_POLICIES and o.limit != 1,
+        "lock_on_conflict='coalesce' or 'replace' needs lock_limit=1 (one holder, one follow-up)",
+    ),
+    Combination(
+        lambda o, _: o.on_conflict in FOLLOWUP_POLICIES and o.release != "end",
+        "lock_on_conflict='coalesce' or 'replace' needs lock_release='end' (the follow-up takes "
+        "the key when its holder's run ends)",
+    ),
+    Combination(
+        lambda o, _: o.replace_running and o.on_conflict != "replace",
+        "lock_replace_running is only meaningful with lock_on_conflict='replace'",
+    ),
+    Combination(
+        lambda o, _: o.debounce_max_wait is not None and o.debounce is None,
+        "lock_debounce_max_wait needs lock_debounce (it caps how long a burst is put off)",
+    ),
+    Combination(
+        lambda o, _: (
+            o.debounce is not None
+            and o.debounce_max_wait is not None
+            and o.debounce_max_wait < o.debounce
+        ),
+        "lock_debounce_max_wait must be at least lock_debounce",
+    ),
+    Combination(
+        lambda o, _: o.debounce is not None and o.on_conflict in FOLLOWUP_POLICIES,
+        "lock_debounce cannot be combined with lock_on_conflict='coalesce' or 'replace' (a "
+        "burst already keeps one call)",
+    ),
+)
+
+
+def check_combinations(options: LockOptions, where: str, settings: Settings | None = None) -> None:
+    """Raise ``ImproperlyConfigured`` naming every rule of :data:`COMBINATIONS` that
+    ``options`` break (one line, prefixed by ``where``, e.g. ``"task 'proj.sync'"``)."""
+    broken = [rule.message for rule in COMBINATIONS if rule.invalid(options, settings)]
+    if broken:
+        raise ImproperlyConfigured(f"{where}: " + "; ".join(broken))
 
 
 def reference_markdown() -> str:

@@ -34,8 +34,9 @@ class LockedTask(_Base):
 
     Options are class attributes, usually given to ``@app.task``: ``lock_keys``,
     ``lock_timeout``, ``lock_renew``, ``lock_on_conflict``, ``lock_scope``, ``lock_wait``,
-    ``lock_retry_delay``, ``lock_queue_timeout`` (see :mod:`.options`); None means "from the
-    ``singleton_lock_*`` settings".
+    ``lock_retry_delay``, ``lock_queue_timeout``, ``lock_rate_limit``, ``lock_release``,
+    ``lock_hold`` (see :mod:`.options`); None means "from the ``singleton_lock_*``
+    settings" (or the option's default).
     """
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:

@@ -128,6 +128,15 @@ def test_infinite_wait_means_no_limit() -> None:
         ("singleton_lock_tasks", {"billing.*": ["lock_keys"]}),
         ("singleton_lock_fail_open", "yes"),
         ("singleton_lock_scripting", 0),
+        ("singleton_lock_limit", 0),
+        ("singleton_lock_limit", -2),
+        ("singleton_lock_limit", 2.0),
+        ("singleton_lock_limit", "3"),
+        ("singleton_lock_limit", True),
+        ("singleton_lock_replicas", -1),
+        ("singleton_lock_replicas", 1.0),
+        ("singleton_lock_replicas", True),
+        ("singleton_lock_replicas", "1"),
     ],
 )
 def test_bad_values_name_the_setting(setting: str, value: Any) -> None:
@@ -530,3 +539,33 @@ def test_lease_floor_is_accepted_and_explained() -> None:
     assert read_settings({"singleton_lock_timeout": 0.5}).timeout == 0.5
     with pytest.raises(ImproperlyConfigured, match=r"singleton_lock_timeout .*>= 0\.5"):
         read_settings({"singleton_lock_timeout": 0.001})
+
+
+def test_slots_without_scripting_are_refused(make_app: Any) -> None:
+    """lock_limit > 1 with singleton_lock_scripting = False is ImproperlyConfigured naming
+    both, at first use of the task (and so at worker start)."""
+    from celery_singleton_lock import LockedTask  # noqa: PLC0415 - wires the app on bind
+    from celery_singleton_lock.runtime import locking_for  # noqa: PLC0415
+
+    app = make_app(singleton_lock_scripting=False)
+
+    @app.task(base=LockedTask, lock_limit=2, shared=False)
+    def slotted(x: int) -> int:
+        return x
+
+    with pytest.raises(ImproperlyConfigured, match=r"lock_limit.*singleton_lock_scripting"):
+        locking_for(app.tasks[slotted.name])
+
+
+def test_replicas_setting_and_option() -> None:
+    """singleton_lock_replicas (default 0) is the number of replicas a lock waits for; a
+    task's or a glob's lock_replicas overrides it; a bad value names the option."""
+    assert Settings().replicas == 0
+    settings = read_settings(
+        {"singleton_lock_replicas": 1, "singleton_lock_tasks": {"pay.*": {"lock_replicas": 2}}}
+    )
+    assert settings.replicas == 1
+    assert settings.options_for("pay.charge", None).replicas == 2  # type: ignore[union-attr]
+    assert settings.options_for("shop.buy", {"lock_replicas": 0}).replicas == 0  # type: ignore[union-attr]
+    with pytest.raises(ImproperlyConfigured, match="lock_replicas must be an integer >= 0"):
+        read_settings({"singleton_lock_tasks": {"pay.*": {"lock_replicas": -2}}})

@@ -17,9 +17,9 @@ import time
 from typing import Any
 
 import redis
-from celery import Celery, Task
+from celery import Celery, Task, signals
 
-from celery_singleton_lock import LockedTask, current_lock
+from celery_singleton_lock import LockedTask, RedisLock, current_lock
 
 BROKER = os.environ.get("CSL_BROKER_URL", "redis://127.0.0.1:6399/0")
 
@@ -121,6 +121,21 @@ def queued(name: str, seconds: float = 1.0) -> str:
     """Queue scope: held from delay() until the run ends."""
     section(name, seconds)
     return "ran"
+
+
+@signals.task_success.connect
+def _held_at_success(sender: Any = None, **_: Any) -> None:
+    """For skippy and queued: whether this run still holds its key when Celery has stored
+    the result (what a caller of ``get()`` sees), kept in ``held-at-success:<name>`` (the
+    next call may hold it by now: only this run's own hold counts)."""
+    if sender is None or sender.name not in {skippy.name, queued.name}:
+        return
+    args, kwargs = sender.request.args or (), sender.request.kwargs or {}
+    lock_redis = redis.Redis.from_url(os.environ.get("CSL_LOCK_URL") or BROKER)
+    holder = RedisLock(lock_redis, sender.lock_key(*args, **kwargs)).holder()
+    held = holder is not None and holder.task_id == sender.request.id
+    data().rpush(f"held-at-success:{args[0]}", int(held))
+    lock_redis.close()
 
 
 @app.task(base=LockedTask, lock_scope="queue", lock_queue_timeout=1.0)
@@ -334,4 +349,119 @@ def retry_hold(self: Any, name: str, hold: float) -> str:
     if attempt == 1:
         raise self.retry(countdown=1.0)
     section(name, 0.1)
+    return f"attempt {attempt}"
+
+
+def _slot_section(name: str, seconds: float, slots: int) -> str:
+    """A body that records how many runs of ``name`` are inside at once (more than
+    ``slots`` is an overrun), per task id too (a delivery beside itself is a duplicate),
+    and its fencing token."""
+    r = data()
+    lock = current_lock()
+    task_id = limited.request.id if lock is not None else "?"
+    inside = r.incr(f"inside:{name}")
+    r.rpush(f"peaks:{name}", inside)
+    r.rpush(f"pids:{name}", os.getpid())
+    if inside > slots:
+        r.incr(f"over:{name}")
+    if r.incr(f"inside:{name}:{task_id}") > 1:
+        r.incr(f"twice:{name}")
+    r.rpush(f"fences:{name}", lock.fencing_token if lock is not None else -1)
+    time.sleep(seconds)
+    r.decr(f"inside:{name}:{task_id}")
+    r.decr(f"inside:{name}")
+    r.incr(f"done:{name}")
+    return "ran"
+
+
+@app.task(base=LockedTask, lock_keys=["name"], lock_limit=3, lock_on_conflict="wait",
+          lock_wait=300, lock_timeout=5)  # fmt: skip
+def limited(name: str, seconds: float, index: int = 0) -> str:
+    """Up to three runs per name at once."""
+    return _slot_section(name, seconds, 3)
+
+
+@app.task(base=LockedTask, bind=True, lock_keys=["name"], lock_limit=2, lock_scope="queue")
+def limited_queued(self: Any, name: str, index: int = 0) -> str:
+    """Queue scope with two slots: two calls may be queued or running at once."""
+    return str(self.request.id)
+
+
+def _follow_section(name: str, seconds: float, value: int) -> int:
+    """Record a run of ``name`` (its value, its fencing token, and any overlap)."""
+    r = data()
+    lock = current_lock()
+    if r.incr(f"inside:{name}") > 1:
+        r.incr(f"over:{name}")
+    r.rpush(f"values:{name}", value)
+    r.rpush(f"fences:{name}", lock.fencing_token if lock is not None else -1)
+    r.rpush(f"pids:{name}", os.getpid())
+    time.sleep(seconds)
+    r.decr(f"inside:{name}")
+    return value
+
+
+@app.task(base=LockedTask, lock_keys=["name"], lock_scope="queue", lock_on_conflict="coalesce")
+def coalesced(name: str, seconds: float, value: int) -> int:
+    """Keep latest: calls made while one is queued or running become one follow-up."""
+    return _follow_section(name, seconds, value)
+
+
+@app.task(base=LockedTask, lock_keys=["name"], lock_scope="queue", lock_on_conflict="replace")
+def replaced(name: str, seconds: float, value: int) -> int:
+    """Replace: a new call supersedes a queued one, or follows a running one."""
+    return _follow_section(name, seconds, value)
+
+
+@app.task(base=LockedTask, lock_keys=["name"], lock_scope="queue", lock_on_conflict="replace",
+          lock_replace_running=True)  # fmt: skip
+def replaced_running(name: str, seconds: float, value: int) -> int:
+    """Replace, running holders included: the running one is revoked."""
+    return _follow_section(name, seconds, value)
+
+
+def _debounced_run(name: str, value: int) -> int:
+    """Record a debounced run: its value and when it started."""
+    data().rpush(f"runs:{name}", f"{value} {time.time():.3f}")
+    return value
+
+
+@app.task(base=LockedTask, lock_keys=["name"], lock_debounce=0.5)
+def debounced(name: str, value: int) -> int:
+    """Run once per burst of calls, 0.5 s after the last, with its value."""
+    return _debounced_run(name, value)
+
+
+@app.task(base=LockedTask, lock_keys=["name"], lock_debounce=0.4, lock_debounce_max_wait=1.0)
+def debounced_capped(name: str, value: int) -> int:
+    """As debounced, but a burst never waits more than 1 s after its first call."""
+    return _debounced_run(name, value)
+
+
+@app.task(base=LockedTask, lock_keys=["name"], lock_scope="queue", lock_debounce=0.5)
+def debounced_queued(name: str, value: int) -> int:
+    """Debounce in queue scope."""
+    return _debounced_run(name, value)
+
+
+@app.task(base=LockedTask, lock_keys=["name"], lock_renew=False, lock_timeout=60.0)
+def unrenewed(name: str, seconds: float) -> str:
+    """A long run whose lease is never renewed (only a live worker vouches for it)."""
+    data().rpush(f"started:{name}", os.getpid())
+    time.sleep(seconds)
+    return "ran"
+
+
+@app.task(base=LockedTask, bind=True, lock_scope="queue", lock_timeout=1.0, max_retries=3)
+def retry_in_outage(self: Any, name: str) -> str:
+    """Queue scope: the first attempt waits for the test's go (the test stops the lock
+    Redis meanwhile), then calls self.retry(); the second attempt must still run."""
+    r = data()
+    attempt = r.incr(f"attempts:{name}")
+    if attempt == 1:
+        r.rpush(f"events:{name}", "waiting")
+        deadline = time.monotonic() + 30
+        while not r.exists(f"go:{name}") and time.monotonic() < deadline:
+            time.sleep(0.05)
+        raise self.retry(countdown=0.5)
     return f"attempt {attempt}"

@@ -181,3 +181,24 @@ def test_terminated_child_that_keeps_running_keeps_its_lock(
     after = proj.stubborn.delay("stub", 0.1)
     assert after.get(timeout=20) == "ran"
     assert data.get("overlaps:stub") is None
+
+
+@pytest.mark.parametrize("task", ["skippy", "queued"])
+def test_a_run_has_released_its_key_when_its_result_is_stored(
+    proj: ModuleType, data: redis.Redis, workers: Any, task: str
+) -> None:
+    """The key is free by the time Celery stores the result (checked from task_success,
+    which Celery sends after storing it), so a caller that sees the result and calls again
+    runs again: ten calls in a row, each after the last one's get(), all run."""
+    workers(concurrency=2)
+    locked = getattr(proj, task)
+    name = f"seq-{task}"
+    ids = []
+    for _ in range(10):
+        result = locked.delay(name, 0.01)
+        assert result.get(timeout=20) == "ran"
+        ids.append(result.id)
+    assert len(set(ids)) == 10
+    assert wait_for(lambda: data.llen(f"held-at-success:{name}") == 10, timeout=10)
+    assert data.lrange(f"held-at-success:{name}", 0, -1) == ["0"] * 10
+    assert sum(1 for e in data.lrange(f"events:{name}", 0, -1) if e.startswith("start")) == 10

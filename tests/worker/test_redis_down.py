@@ -82,3 +82,29 @@ def test_socket_timeout_can_be_set_in_the_url(redis_server: RedisServer) -> None
     assert socket_timeout(client_from_url(redis_server.url)) == DEFAULT_SOCKET_TIMEOUT
     custom = client_from_url(redis_server.url + "?socket_timeout=12")
     assert socket_timeout(custom) == 12.0
+
+
+def test_queue_scope_self_retry_while_the_lock_redis_is_down_is_not_lost(
+    proj: ModuleType, data: redis.Redis, workers: Any
+) -> None:
+    """A queue-scope run that calls self.retry() while the lock Redis does not answer still
+    publishes its retry (the message is not dropped), and the retry runs once Redis is back."""
+    # Found by the chaos soak: the hand-over's LockBackendError made Celery's retry() reject
+    # the message without requeueing it.
+    lock_server = RedisServer().start()
+    try:
+        url = lock_server.url + "?socket_timeout=1&socket_connect_timeout=1"
+        worker = workers(concurrency=1, extra_env={"CSL_LOCK_URL": url})
+        result = proj.retry_in_outage.delay("outage")
+        assert wait_for(lambda: data.llen("events:outage") >= 1, timeout=20)
+        assert lock_server.pid is not None
+        os.kill(lock_server.pid, signal.SIGSTOP)
+        try:
+            data.set("go:outage", 1)
+            assert wait_for(lambda: "publishing the retry" in worker.log(), timeout=20)
+        finally:
+            os.kill(lock_server.pid, signal.SIGCONT)
+        assert result.get(timeout=60) == "attempt 2"
+        assert "reject requeue=False" not in worker.log()
+    finally:
+        lock_server.stop()

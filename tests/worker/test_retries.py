@@ -108,6 +108,10 @@ def test_run_scope_retry_is_not_skipped_as_a_duplicate(
     workers(concurrency=2)
     retried = proj.retry_hold.delay("rh", 0)
     assert wait_for(lambda: data.get("attempts:rh") == "1", timeout=20)
+    # The first attempt frees the key as it ends (after publishing its retry): the other
+    # run takes it then.
+    key = proj.retry_hold.lock_key("rh", 0)
+    assert wait_for(lambda: not data.exists(key), timeout=10)
     other = proj.retry_hold.delay("rh", 3.0)
     assert other.get(timeout=30) == "held"
     assert retried.get(timeout=30) == "attempt 2"
