@@ -1,4 +1,5 @@
-"""Reading and clearing lock keys: what ``celery locks`` and ``clear_locks`` share.
+"""Reading and clearing lock keys: what ``celery locks`` and ``clear_locks`` share, and
+:func:`skip_info`, which tells whether a task run was skipped as a duplicate.
 
 Keys are found with SCAN (never KEYS) and read against the Redis server's clock. Clearing
 deletes only values this package wrote (and their waiters' signal lists), so a glob that
@@ -14,7 +15,9 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import redis
+from celery._state import get_current_app
 
+from celery_singleton_lock._observe import skip_record_key
 from celery_singleton_lock._protocol import SIGNAL_TTL_MS
 from celery_singleton_lock._redis import LockClient, server_time
 from celery_singleton_lock._value import Holder, LockValue, parse_value
@@ -24,18 +27,23 @@ from celery_singleton_lock.lock import companion_key
 
 if TYPE_CHECKING:
     from celery import Celery
+    from celery.result import AsyncResult
 
 __all__ = [
     "HEADINGS",
     "LockRow",
+    "Skip",
     "clear_locks",
     "decode_key",
     "delete_locks",
+    "lock_glob",
     "lock_row",
     "prefix_pattern",
     "read_locks",
     "scan_pages",
+    "scan_values",
     "signal_key_of",
+    "skip_info",
 ]
 
 #: Keys asked for per SCAN call, and keys read or deleted per pipeline.
@@ -195,14 +203,10 @@ def lock_row(key: str, raw: bytes | str, ttl_ms: int, now_ms: int) -> LockRow:
     )
 
 
-def read_locks(client: LockClient, pattern: str, *, foreign: bool = True) -> list[LockRow]:
-    """Every string key matching ``pattern`` as a row, sorted by key.
-
-    Each SCAN page is read with TIME and one pipeline (GET and PTTL per key). Keys that
-    are not strings (the waiters' signal lists) are skipped, as are keys deleted meanwhile
-    and, unless ``foreign``, values that are neither ours nor a classic timestamp.
-    """
-    rows: list[LockRow] = []
+def scan_values(client: LockClient, pattern: str) -> Iterator[tuple[str, Any, int, int]]:
+    """``(key, value, PTTL, server ms)`` of every key matching ``pattern``, the value None
+    when the key went since SCAN, or the error a non-string key gave. Each SCAN page is read
+    with TIME and one pipeline (GET and PTTL per key)."""
     for page in scan_pages(client, pattern):
         # TIME on its own: Redis Cluster pipelines refuse keyless commands (there it is one
         # node's clock, close enough for a listing).
@@ -213,14 +217,25 @@ def read_locks(client: LockClient, pattern: str, *, foreign: bool = True) -> lis
             pipe.pttl(key)
         replies = pipe.execute(raise_on_error=False)
         for index, key in enumerate(page):
-            raw, ttl = replies[2 * index], replies[1 + 2 * index]
-            if raw is None or isinstance(raw, redis.ResponseError):
-                continue  # gone since SCAN, or not a string (WRONGTYPE): not a lock
-            if isinstance(raw, Exception):
-                raise raw
-            row = lock_row(decode_key(key), raw, ttl if isinstance(ttl, int) else -1, now_ms)
-            if foreign or row.kind != "foreign":
-                rows.append(row)
+            ttl = replies[1 + 2 * index]
+            yield decode_key(key), replies[2 * index], ttl if isinstance(ttl, int) else -1, now_ms
+
+
+def read_locks(client: LockClient, pattern: str, *, foreign: bool = True) -> list[LockRow]:
+    """Every string key matching ``pattern`` as a row, sorted by key (see
+    :func:`scan_values`). Keys that are not strings (the waiters' signal lists) are
+    skipped, as are keys deleted meanwhile and, unless ``foreign``, values that are neither
+    ours nor a classic timestamp.
+    """
+    rows: list[LockRow] = []
+    for key, raw, ttl, now_ms in scan_values(client, pattern):
+        if raw is None or isinstance(raw, redis.ResponseError):
+            continue  # gone since SCAN, or not a string (WRONGTYPE): not a lock
+        if isinstance(raw, Exception):
+            raise raw
+        row = lock_row(key, raw, ttl, now_ms)
+        if foreign or row.kind != "foreign":
+            rows.append(row)
     rows.sort(key=lambda row: row.key)
     return rows
 
@@ -258,6 +273,13 @@ def delete_locks(client: LockClient, keys: Sequence[str]) -> int:
     return cleared
 
 
+def lock_glob(prefix: str, pattern: str) -> str:
+    """The SCAN glob of ``pattern`` below ``prefix`` (taken as is when it already starts
+    with ``prefix:``)."""
+    under = f"{prefix}:"
+    return pattern if pattern.startswith(under) else prefix_pattern(prefix)[:-1] + pattern
+
+
 def clear_locks(app: Celery, pattern: str = "*") -> int:
     """Remove this app's locks whose key matches the glob ``pattern``; return how many.
 
@@ -267,8 +289,47 @@ def clear_locks(app: Celery, pattern: str = "*") -> int:
     the prefix, and everything outside it, are never touched.
     """
     settings = settings_for(app)
-    under = f"{settings.prefix}:"
-    glob = pattern if pattern.startswith(under) else prefix_pattern(settings.prefix)[:-1] + pattern
+    glob = lock_glob(settings.prefix, pattern)
     client = redis_for(app, settings.url)
     ours = [row.key for row in read_locks(client, glob, foreign=False) if row.kind == "lock"]
     return delete_locks(client, ours)
+
+
+@dataclass(frozen=True)
+class Skip:
+    """How a run was skipped as a duplicate: the lock ``key`` it found held, the task id
+    of the run holding it (None when unknown), the task's name, when (Unix time), and why:
+    ``reason`` is ``"held"`` (another run held the key) or ``"throttled"`` (the key's
+    ``lock_rate_limit`` was used up)."""
+
+    key: str
+    holder_task_id: str | None
+    task: str
+    at: float
+    reason: str = "held"
+
+
+def skip_info(result: AsyncResult[Any], app: Celery | None = None) -> Skip | None:
+    """Whether the run of ``result`` was skipped as a duplicate (policy ``skip``): a
+    :class:`Skip` if it was, None if it ran (or is not done, or its record expired).
+
+    A skipped run succeeds with the result None, like a body that returned None; the worker
+    keeps a record beside the locks (as long as ``result_expires``, a day by default), so
+    this tells the two apart. ``app`` defaults to the result's app (an ``EagerResult``
+    has none: then Celery's current app). One GET on the lock Redis.
+    """
+    app = app or getattr(result, "app", None) or get_current_app()
+    settings = settings_for(app)
+    client = redis_for(app, settings.url)
+    raw = client.get(skip_record_key(settings.prefix, str(result.id)))
+    if raw is None:
+        return None
+    record = json.loads(raw)
+    holder = record.get("holder_task_id")
+    return Skip(
+        key=str(record["key"]),
+        holder_task_id=str(holder) if holder is not None else None,
+        task=str(record.get("task", "")),
+        at=float(record.get("at", 0.0)),
+        reason=str(record.get("reason", "held")),
+    )

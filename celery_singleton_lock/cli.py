@@ -4,12 +4,15 @@ Installed through the ``celery.commands`` entry point, so it runs with the app g
 ``celery -A proj``::
 
     celery -A proj locks list [--json] [--match PATTERN]
-    celery -A proj locks clear KEY... | --all [--yes]
+    celery -A proj locks clear KEY... | --all | --match PATTERN [--yes]
     celery -A proj locks key TASK_NAME [ARGS_JSON [KWARGS_JSON]]
+    celery -A proj locks check [--json] [--strict]
 
 ``list`` and ``clear`` talk to the lock Redis (``singleton_lock_url``) with SCAN, never
-KEYS, and read lock state against the Redis server's clock. ``key`` needs no Redis: it
-derives the key the same way a task call does. Passwords are masked in every printed URL.
+KEYS, and read lock state against the Redis server's clock; ``clear --all`` and ``--match``
+delete through :func:`.admin.clear_locks`. ``key`` needs no Redis: it derives the key the
+same way a task call does. ``check`` is a preflight of the lock Redis for CI (exit status 0
+when ready; see :mod:`.checks`). Passwords are masked in every printed URL.
 """
 
 from __future__ import annotations
@@ -26,22 +29,29 @@ import redis
 from celery._state import get_current_app
 from celery.bin.base import CeleryCommand, CeleryOption, CLIContext, handle_preload_options
 from celery.exceptions import CeleryCommandException, ImproperlyConfigured
-from celery.platforms import EX_UNAVAILABLE
+from celery.platforms import EX_FAILURE, EX_OK, EX_UNAVAILABLE
+
+from celery_singleton_lock import _observe as observe
 
 # Celery loads every ``celery.commands`` entry point for any sub-command, so importing
 # ``integration`` here wires config-locked tasks in ``celery worker``/``beat`` processes.
 from celery_singleton_lock import integration  # noqa: F401
-from celery_singleton_lock._redis import LockClient
+from celery_singleton_lock._redis import LockClient, server_time
 from celery_singleton_lock.admin import (
     HEADINGS,
+    LockRow,
+    clear_locks,
     decode_key,
     delete_locks,
+    lock_glob,
     prefix_pattern,
     read_locks,
 )
+from celery_singleton_lock.checks import FAIL, OK, WARN, Report, run_checks
 from celery_singleton_lock.client import mask_url, redis_for
 from celery_singleton_lock.config import settings_for
 from celery_singleton_lock.options import Settings
+from celery_singleton_lock.reconcile import LockState, lock_states, reap
 from celery_singleton_lock.runtime import locking_for
 
 if TYPE_CHECKING:
@@ -153,16 +163,52 @@ def list_locks(ctx: click.Context, as_json: bool, pattern: str | None) -> None:
     client = _client(app, settings)
     match = pattern if pattern is not None else prefix_pattern(settings.prefix)
     with _redis_errors(settings.url):
-        rows = read_locks(client, match, foreign=pattern is None)
+        states = lock_states(client, match)
+        now_us = server_time(client)[1]
+    rows = [(state, row) for state in states for row in state.holders]
+    if pattern is not None:
+        rows = [(state, row) for state, row in rows if row.kind != "foreign"]
     if as_json:
-        click.echo(json.dumps([row.as_json() for row in rows], indent=2))
+        click.echo(json.dumps([_row_json(state, row, now_us) for state, row in rows], indent=2))
         return
-    held = sum(row.held for row in rows)
+    held = sum(row.held for _, row in rows)
     summary = f"{held} held" + (f", {len(rows) - held} expired" if len(rows) > held else "")
     click.echo(f"Locks matching {match!r} on {mask_url(settings.url)}: {summary}")
     if rows:
-        for line in _table([HEADINGS, *(row.cells() for row in rows)]):
+        table = [(*HEADINGS, *_EXTRA), *(_row_cells(state, row, now_us) for state, row in rows)]
+        for line in _table(table):
             click.echo(line)
+
+
+#: Columns ``list`` adds to each holder row: what the run is doing and who comes next.
+_EXTRA = ("STATE", "AGE", "WAITERS", "FOLLOW-UP")
+
+
+def _state_of(row: LockRow) -> str:
+    if not row.held:
+        return "expired"
+    if row.info.get("held") == "success":
+        return "held"
+    return "queued" if row.queued else "running"
+
+
+def _age(row: LockRow, now_us: int) -> float | None:
+    """Seconds since the hold began (its fencing token is the server clock then)."""
+    if row.fence is None or not 0 < row.fence <= now_us:
+        return None
+    return round(float(now_us - row.fence) / 1_000_000, 1)
+
+
+def _row_json(state: LockState, row: LockRow, now_us: int) -> dict[str, Any]:
+    return {**row.as_json(), "state": _state_of(row), "age": _age(row, now_us),
+            "waiters": state.waiters, "pending": state.pending}  # fmt: skip
+
+
+def _row_cells(state: LockState, row: LockRow, now_us: int) -> tuple[str, ...]:
+    age = _age(row, now_us)
+    waiters = ", ".join(state.waiters[:3]) + (" ..." if len(state.waiters) > 3 else "")
+    return (*row.cells(), _state_of(row), f"{age}s" if age is not None else "-",
+            waiters or "-", state.pending or "-")  # fmt: skip
 
 
 # ------------------------------------------------------------------------------ clear
@@ -215,10 +261,14 @@ def _clear_given(client: LockClient, settings: Settings, keys: Sequence[str], ye
     click.echo(f"Cleared {_plural(cleared, 'lock')}.")
 
 
-def _clear_all(client: LockClient, settings: Settings, yes: bool) -> None:
-    """Delete every lock of this package under the prefix. Keys there whose value is not
-    one of our locks (a classic timestamp, data of your own) are left alone and counted."""
-    pattern = prefix_pattern(settings.prefix)
+def _clear_matching(
+    app: Celery, client: LockClient, settings: Settings, match: str, yes: bool
+) -> None:
+    """Delete every lock of this package matching ``match`` below the prefix, as
+    ``clear_locks(app, match)`` does (it is what deletes them, after the confirmation).
+    Keys there whose value is not one of our locks (a classic timestamp, data of your own)
+    are left alone and counted."""
+    pattern = lock_glob(settings.prefix, match)
     rows = read_locks(client, pattern)
     ours = [row.key for row in rows if row.kind == "lock"]
     left = len(rows) - len(ours)
@@ -228,7 +278,7 @@ def _clear_all(client: LockClient, settings: Settings, yes: bool) -> None:
         return
     if not yes:
         _confirm(f"all {_plural(len(ours), 'lock')} matching {pattern!r}", ours, settings.url)
-    cleared = delete_locks(client, ours)
+    cleared = clear_locks(app, match)
     click.echo(f"Cleared {_plural(cleared, 'lock')} matching {pattern!r}{note}.")
 
 
@@ -244,6 +294,15 @@ def _clear_all(client: LockClient, settings: Settings, yes: bool) -> None:
     "there are left alone.",
 )
 @click.option(
+    "--match",
+    "match",
+    cls=CeleryOption,
+    metavar="PATTERN",
+    help_group="Clear Options",
+    help="Clear the locks whose key matches this glob below the prefix, e.g. 'billing.*' "
+    "(what clear_locks(app, PATTERN) does); --all is --match '*'.",
+)
+@click.option(
     "-y",
     "--yes",
     cls=CeleryOption,
@@ -252,27 +311,31 @@ def _clear_all(client: LockClient, settings: Settings, yes: bool) -> None:
     help="Don't prompt for confirmation.",
 )
 @click.pass_context
-def clear(ctx: click.Context, keys: tuple[str, ...], clear_all: bool, yes: bool) -> None:
-    """Delete the given lock keys, or every key under the prefix with --all.
+def clear(
+    ctx: click.Context, keys: tuple[str, ...], clear_all: bool, match: str | None, yes: bool
+) -> None:
+    """Delete the given lock keys, every lock under the prefix with --all, or those
+    matching --match.
 
-    Each lock's waiters' signal list goes with it; waiting tasks notice the free lock
-    within their fallback poll. Asks first unless --yes. There is no undo.
+    Each lock's waiters' signal list goes with it; waiting tasks notice the free lock at
+    once. Asks first unless --yes. There is no undo.
     """
-    if bool(keys) == clear_all:
+    given = sum((bool(keys), clear_all, match is not None))
+    if given != 1:
         raise click.UsageError(
-            "give the lock KEYs to clear or --all, not both"
-            if keys
-            else "give the lock KEYs to clear (see `locks list`) or --all",
+            "give the lock KEYs to clear, --all or --match, only one of them"
+            if given
+            else "give the lock KEYs to clear (see `locks list`), --all or --match",
             ctx,
         )
     app = _app(ctx)
     settings = _settings(app)
     client = _client(app, settings)
     with _redis_errors(settings.url):
-        if clear_all:
-            _clear_all(client, settings, yes)
-        else:
+        if keys:
             _clear_given(client, settings, keys, yes)
+        else:
+            _clear_matching(app, client, settings, "*" if clear_all else str(match), yes)
 
 
 # -------------------------------------------------------------------------------- key
@@ -353,3 +416,137 @@ def key_for(ctx: click.Context, task_name: str, args_json: str, kwargs_json: str
             f"lock_keys of task {task_name!r} raised {type(exc).__name__}: {_one_line(str(exc))}"
         ) from exc
     click.echo(key)
+
+
+# ------------------------------------------------------------------------------ check
+
+#: sysexits.h "configuration error": a bad singleton_lock_* setting (as the worker exits).
+EX_CONFIG = 78
+_MARKS = {OK: "ok", WARN: "WARN", FAIL: "FAIL"}
+
+
+def _print_report(report: Report) -> None:
+    """The report as one line per check under a heading, then a summary line."""
+    mode = "scripts" if report.scripting else "plain commands"
+    click.echo(f"Checking the lock Redis at {report.url} (prefix {report.prefix!r}, {mode})")
+    width = max(len(check.name) for check in report.checks)
+    for check in report.checks:
+        click.echo(f"  {_MARKS[check.status]:<4}  {check.name:<{width}}  {check.detail}")
+    click.echo(f"{_plural(report.failures, 'failure')}, {_plural(report.warnings, 'warning')}")
+
+
+@locks.command(name="check", cls=CeleryCommand)
+@click.option(
+    "--json",
+    "as_json",
+    cls=CeleryOption,
+    is_flag=True,
+    help_group="Check Options",
+    help="Print a JSON object (url, prefix, scripting, checks, failures, warnings).",
+)
+@click.option(
+    "--strict",
+    cls=CeleryOption,
+    is_flag=True,
+    help_group="Check Options",
+    help="Exit with status 1 on warnings too, not only on failures.",
+)
+@click.pass_context
+def check(ctx: click.Context, as_json: bool, strict: bool) -> None:
+    """Preflight the lock Redis: server version, maxmemory-policy, scripting, clock
+    offset, and the user's permission for every command the locks use.
+
+    Exit status: 0 ready (warnings allowed unless --strict); 1 a check failed (or warned,
+    with --strict); 69 the lock Redis is unreachable; 78 a singleton_lock_* setting is bad.
+    """
+    app = _app(ctx)
+    try:
+        settings = settings_for(app)
+    except ImproperlyConfigured as exc:
+        raise CeleryCommandException(message=_one_line(str(exc)), exit_code=EX_CONFIG) from exc
+    try:
+        report = run_checks(app)
+    except ValueError as exc:  # e.g. a sentinel:// URL without a master name
+        raise CeleryCommandException(
+            message=f"singleton_lock_url: {_one_line(str(exc))}", exit_code=EX_CONFIG
+        ) from exc
+    except redis.RedisError as exc:
+        raise CeleryCommandException(
+            message=_one_line(
+                f"lock Redis at {mask_url(settings.url)} unreachable: {type(exc).__name__}: {exc}"
+            ),
+            exit_code=EX_UNAVAILABLE,
+        ) from exc
+    if as_json:
+        click.echo(
+            json.dumps(
+                {
+                    "url": report.url,
+                    "prefix": report.prefix,
+                    "scripting": report.scripting,
+                    "checks": [item.as_json() for item in report.checks],
+                    "failures": report.failures,
+                    "warnings": report.warnings,
+                },
+                indent=2,
+            )
+        )
+    else:
+        _print_report(report)
+    failed = report.failures or (strict and report.warnings)
+    ctx.exit(EX_FAILURE if failed else EX_OK)
+
+
+# ------------------------------------------------------------------------------- reap
+
+
+@locks.command(name="reap", cls=CeleryCommand)
+@click.option(
+    "--dry-run",
+    cls=CeleryOption,
+    is_flag=True,
+    help_group="Reap Options",
+    help="Print one line per hold that would be freed (key, task id, why); free nothing.",
+)
+@click.option(
+    "--watch",
+    cls=CeleryOption,
+    type=float,
+    default=None,
+    metavar="SECONDS",
+    help_group="Reap Options",
+    help="How long to watch for lease renewals (default: a third of singleton_lock_timeout "
+    "plus a second, the renewal interval of a task's lease).",
+)
+@click.option(
+    "--match",
+    "pattern",
+    cls=CeleryOption,
+    metavar="PATTERN",
+    help_group="Reap Options",
+    help="Only locks matching this glob (default '<prefix>:*').",
+)
+@click.pass_context
+def reap_locks(ctx: click.Context, dry_run: bool, watch: float | None, pattern: str | None) -> None:
+    """Free the holds whose holder is proven gone, never a running one.
+
+    A hold stays while its lease is being renewed (watched for one renewal interval), while
+    an answering worker lists its task as active, reserved or scheduled, and, for a hold
+    taken at publish, while its message may still be in the broker (searched for a Redis
+    broker; never proven gone with another broker). Freeing is owner-checked.
+    """
+    app = _app(ctx)
+    settings = _settings(app)
+    client = _client(app, settings)
+    match = pattern if pattern is not None else prefix_pattern(settings.prefix)
+    seconds = watch if watch is not None else settings.timeout / 3 + 1.0
+    with _redis_errors(settings.url):
+        reaped = reap(app, client, match, watch=seconds, dry_run=dry_run,
+                      scripting=settings.scripting)  # fmt: skip
+    for found in reaped:
+        verb = "would free" if dry_run else ("freed" if found.freed else "left (changed hands)")
+        click.echo(f"{verb} {found.key} task {found.task_id or '-'}: {found.why}")
+        if found.freed:
+            observe.reaped(app, found.key, found.task_id, why=found.why)
+    if not reaped:
+        click.echo("nothing to reap")

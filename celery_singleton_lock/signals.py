@@ -1,6 +1,26 @@
-"""Celery signal receivers that release locks at the end of every run, however it ends.
+"""The package's signals, and its receivers of Celery's own.
 
-They are connected by :func:`connect` (once per process, ``dispatch_uid``), which
+Public signals (Celery ``Signal`` objects; the sender is the task, every argument is a
+keyword)::
+
+    lock_acquired   key, task_id, fencing_token, waited, policy, scope
+    lock_released   key, task_id, fencing_token, held, renewals, state, policy, scope, hold
+    lock_conflict   key, task_id, holder_task_id, policy, scope
+    lock_lost       key, task_id, fencing_token, held, renewals, policy, scope
+    lock_renewed    key, task_id, fencing_token (from the thread that extended the lease)
+    lock_throttled  key, task_id, policy, scope, rate, retry_in
+    lock_coalesced  key, task_id (the follow-up's), scope       (in the producer)
+    lock_superseded key, task_id (superseded), by, running     (producer, and worker)
+    lock_debounced  key, task_id (the burst's), generation     (a stale message, worker)
+    lock_reaped     key, task_id, why                          (celery locks reap)
+
+``waited``, ``held``, ``hold`` and ``retry_in`` are seconds. They are sent in the process
+that runs the task (a queue-scope publish that finds its key held sends ``lock_conflict``
+in the producer, with ``task_id=None``); a receiver's exception is logged and never
+reaches the task. Connect with ``@lock_acquired.connect`` like any Celery signal.
+
+The receivers below release locks at the end of every run, however it ends. They are
+connected by :func:`connect` (once per process, ``dispatch_uid``), which
 :func:`.integration.setup` calls when an app is set up; importing this module connects
 nothing.
 """
@@ -13,9 +33,33 @@ from typing import Any
 from celery import signals
 from celery.exceptions import TimeLimitExceeded, WorkerLostError
 
+from celery_singleton_lock._observe import (
+    lock_acquired,
+    lock_coalesced,
+    lock_conflict,
+    lock_debounced,
+    lock_lost,
+    lock_reaped,
+    lock_released,
+    lock_renewed,
+    lock_superseded,
+    lock_throttled,
+)
 from celery_singleton_lock.runtime import release_after_run, release_for_lost_run
 
-__all__ = ["connect"]
+__all__ = [
+    "connect",
+    "lock_acquired",
+    "lock_coalesced",
+    "lock_conflict",
+    "lock_debounced",
+    "lock_lost",
+    "lock_reaped",
+    "lock_released",
+    "lock_renewed",
+    "lock_superseded",
+    "lock_throttled",
+]
 
 log = logging.getLogger("celery_singleton_lock.signals")
 

@@ -1,7 +1,8 @@
 """The tiny Celery app the ``celery locks`` tests run the real CLI against.
 
 Configured from the environment: ``CSL_CLI_URL`` is both the broker and the lock Redis,
-``CSL_CLI_PREFIX`` the lock prefix (each test uses its own on the shared server).
+``CSL_CLI_PREFIX`` the lock prefix (each test uses its own on the shared server),
+``CSL_CLI_SCRIPTING=0`` selects the plain-command protocol.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ app = Celery("cliproj", broker=URL)
 app.conf.update(
     singleton_lock_url=URL,
     singleton_lock_prefix=os.environ.get("CSL_CLI_PREFIX", "csl"),
+    singleton_lock_scripting=os.environ.get("CSL_CLI_SCRIPTING", "1") != "0",
 )
 
 

@@ -3,17 +3,13 @@
 from __future__ import annotations
 
 import json
-import os
 import re
 import subprocess
 import sys
 import time
-import uuid
-from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-import pytest
 import redis
 
 from celery_singleton_lock import RedisLock
@@ -22,50 +18,10 @@ from celery_singleton_lock.keys import task_lock_key
 from celery_singleton_lock.lock import companion_key
 from celery_singleton_lock.testing import RedisServer, free_port
 from tests.cli import cliproj
+from tests.cli.conftest import Run
 
 ROOT = Path(__file__).resolve().parents[2]
 TASK = "shop.buy"
-
-Run = Callable[..., "subprocess.CompletedProcess[str]"]
-
-
-@pytest.fixture
-def prefix(client: redis.Redis) -> Iterator[str]:
-    """A lock prefix of this test's own on the shared server; its keys are deleted after."""
-    name = f"cli-{uuid.uuid4().hex[:10]}"
-    yield name
-    for pattern in (f"{name}:*", f"{name}-*", f"{{{name}*"):
-        for found in client.scan_iter(match=pattern, count=500):
-            client.delete(found)
-
-
-@pytest.fixture
-def run(redis_server: RedisServer, prefix: str) -> Run:
-    """Run ``celery -A tests.cli.cliproj locks ARGS...``; returns the finished process."""
-
-    def run_cli(
-        *args: str, url: str | None = None, stdin: str | None = None, **env: str
-    ) -> subprocess.CompletedProcess[str]:
-        environ = {
-            **os.environ,
-            "PYTHONPATH": str(ROOT),
-            "CSL_CLI_URL": url or redis_server.url,
-            "CSL_CLI_PREFIX": prefix,
-            **env,
-        }
-        return subprocess.run(
-            [sys.executable, "-m", "celery", "-A", "tests.cli.cliproj", "locks", *args],
-            cwd=ROOT,
-            env=environ,
-            input=stdin,
-            stdin=subprocess.DEVNULL if stdin is None else None,
-            capture_output=True,
-            text=True,
-            timeout=60,
-            check=False,
-        )
-
-    return run_cli
 
 
 def buy_key(prefix: str, args: list[Any], kwargs: dict[str, Any] | None = None) -> str:
@@ -127,8 +83,8 @@ def test_list_shows_holder_lease_and_fencing_token(
     lease = re.search(r"\s(\d+\.\d)s\s", line)
     assert lease is not None
     assert 0 < float(lease.group(1)) <= 30.0
-    assert line.rstrip().endswith("no")
-    assert table[second.name].rstrip().endswith("yes")
+    assert line.split()[6:8] == ["no", "running"]  # QUEUED, STATE
+    assert table[second.name].split()[6:8] == ["yes", "queued"]
     assert list(table) == sorted(table)
 
 
@@ -289,6 +245,28 @@ def test_clear_all_deletes_only_our_locks_under_the_prefix(
     for name, value in kept.items():
         assert client.get(name) == value.encode()
     assert client.exists(*outside) == len(outside)
+
+
+def test_clear_match_deletes_the_matching_locks_as_clear_locks_does(
+    run: Run, client: redis.Redis, prefix: str
+) -> None:
+    """``clear --match 'shop.buy:*' --yes`` deletes exactly the locks ``clear_locks(app,
+    'shop.buy:*')`` would: ours below the prefix that match, never other values there."""
+    held = [hold(client, buy_key(prefix, [f"sku-{n}", 7]), f"task-{n}") for n in range(2)]
+    other = hold(client, f"{prefix}:shop.restock:{{1}}", "task-other")
+    notes = f"{prefix}:shop.buy:notes"
+    client.set(notes, "not a lock")
+
+    done = run("clear", "--match", "shop.buy:*", "--yes")
+
+    assert done.returncode == 0, done.stderr
+    assert f"Cleared 2 locks matching '{prefix}:shop.buy:*'" in done.stdout
+    assert "left 1 key that are not locks" in done.stdout
+    assert client.exists(*(lock.name for lock in held)) == 0
+    assert client.exists(other.name) == 1
+    assert client.get(notes) == b"not a lock"
+    assert run("clear", "--match", "shop.*", "--all", "--yes").returncode == 2
+    assert client.exists(other.name) == 1
 
 
 def test_clear_without_yes_and_no_stdin_deletes_nothing(

@@ -1,0 +1,377 @@
+"""What the worker tells the world about its locks: the public signals, the worker event of a
+skipped duplicate, and the record that makes a skip queryable afterwards.
+
+The :class:`~celery.utils.dispatch.Signal` objects live here, below :mod:`.runtime` (which
+sends them); :mod:`celery_singleton_lock.signals` re-exports them as the public names.
+Sending costs nothing but a list check when nobody listens; with receivers connected, the
+only extra Redis read is the holder of a lock a ``wait`` run starts waiting for. Celery's
+``Signal.send`` already logs and swallows a receiver's exception; the helpers here also
+guard against anything else going wrong, so observing a lock never breaks a task.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import logging
+import time
+from typing import TYPE_CHECKING, Any
+
+from celery.utils.dispatch import Signal
+
+from celery_singleton_lock._redis import call
+from celery_singleton_lock.exceptions import LockBackendError
+from celery_singleton_lock.lock import RedisLock
+
+if TYPE_CHECKING:
+    from celery_singleton_lock.options import LockOptions
+
+__all__ = [
+    "SKIPPED_EVENT",
+    "THROTTLED_EVENT",
+    "RunLock",
+    "acquired",
+    "conflict",
+    "lock_acquired",
+    "lock_coalesced",
+    "lock_conflict",
+    "lock_debounced",
+    "lock_lost",
+    "lock_released",
+    "lock_renewed",
+    "lock_superseded",
+    "lock_throttled",
+    "lost",
+    "released",
+    "skip_record_key",
+    "skipped",
+    "throttled",
+]
+
+log = logging.getLogger("celery_singleton_lock.task")
+
+lock_acquired = Signal(name="lock_acquired")
+"""A run took its lock. Sender: the task. Keyword arguments: ``key``, ``task_id``,
+``fencing_token``, ``waited`` (seconds from the first try to holding it), ``policy``,
+``scope``."""
+
+lock_released = Signal(name="lock_released")
+"""A run released its lock at its end. Sender: the task. Keyword arguments: ``key``,
+``task_id``, ``fencing_token``, ``held`` (seconds), ``renewals`` (lease extensions while
+held), ``state`` (the run's Celery state; ``"STARTED"`` under ``lock_release="start"``),
+``policy``, ``scope``, ``hold`` (seconds the key stays held after a successful run under
+``lock_release="success"``, else 0.0)."""
+
+lock_conflict = Signal(name="lock_conflict")
+"""A run (or a queue-scope publish) found its key held and applies ``policy``: ``"skip"``,
+``"wait"`` (sent as the wait starts), ``"retry"`` or ``"raise"``. Sender: the task. Keyword
+arguments: ``key``, ``task_id`` (None for a publish: nothing was published),
+``holder_task_id`` (None when unknown), ``policy``, ``scope``."""
+
+lock_renewed = Signal(name="lock_renewed")
+"""A run's lease was extended (by the renewer thread, or by the task's own ``extend()``).
+Sent from the thread that extended it. Sender: the task. Keyword arguments: ``key``,
+``task_id``, ``fencing_token``."""
+
+lock_lost = Signal(name="lock_lost")
+"""A run's lease was lost while its body ran (renewal found the hold gone, or its deadline
+passed unconfirmed): another run may have taken the key meanwhile. Sent from the run's
+process as the run ends. Sender: the task. Keyword arguments: ``key``, ``task_id``,
+``fencing_token``, ``held`` (seconds), ``renewals``, ``policy``, ``scope``."""
+
+lock_throttled = Signal(name="lock_throttled")
+"""A run held its key but the key's start rate (``lock_rate_limit``) was used up: the run
+did not start and applies ``policy``: ``"skip"``, ``"retry"`` or ``"raise"`` (the key given
+back), or ``"wait"`` (sent as the wait starts; the key is kept meanwhile). Sender: the task.
+Keyword arguments:
+``key``, ``task_id``, ``policy``, ``scope``, ``rate`` (the rate string, e.g. ``"10/m"``),
+``retry_in`` (seconds until the next start would be admitted)."""
+
+lock_coalesced = Signal(name="lock_coalesced")
+"""A queue-scope call under ``lock_on_conflict="coalesce"`` (or ``"replace"`` while the holder
+runs) found its key held and became the pending follow-up, or replaced its arguments:
+nothing was published. Sent in the producer. Sender: the task. Keyword arguments: ``key``,
+``task_id`` (the follow-up's, which every such call gets), ``scope``."""
+
+lock_superseded = Signal(name="lock_superseded")
+"""A queued call was superseded (``lock_on_conflict="replace"``). Sent in the producer when
+the new call takes the key (``by`` is its task id), and again in the worker when the
+superseded message is delivered and ends without running. Sender: the task. Keyword
+arguments: ``key``, ``task_id`` (the superseded one), ``by``, ``running`` (True when a running
+holder was revoked: ``lock_replace_running``)."""
+
+lock_reaped = Signal(name="lock_reaped")
+"""``celery locks reap`` freed a hold whose holder was proven gone. Sent in the process that
+reaped. Sender: the task when the app knows it by name, else the app. Keyword arguments:
+``key``, ``task_id``, ``why``."""
+
+lock_debounced = Signal(name="lock_debounced")
+"""A debounced call's message was delivered after a later call of its burst: it ends
+without running (the burst runs once, with the last call). Sent in the worker. Sender: the
+task. Keyword arguments: ``key``, ``task_id`` (the burst's), ``generation``."""
+
+#: The worker event a skipped duplicate sends (``task.send_event``), for Flower and
+#: other event consumers. Fields: ``uuid``, ``name``, ``key``, ``holder_task_id``.
+SKIPPED_EVENT = "task-lock-skipped"
+#: The worker event a throttled run sends, whatever its policy. Fields: ``uuid``, ``name``,
+#: ``key``, ``policy``, ``rate``, ``retry_in``.
+THROTTLED_EVENT = "task-lock-throttled"
+#: Events of the other outcomes (fields as the signal's keyword arguments, plus ``uuid`` and
+#: ``name``). ``task-lock-coalesced`` and a producer's ``task-lock-superseded`` are sent from
+#: the producer, only when the app sets ``task_send_sent_event`` (as Celery's ``task-sent``).
+COALESCED_EVENT = "task-lock-coalesced"
+SUPERSEDED_EVENT = "task-lock-superseded"
+DEBOUNCED_EVENT = "task-lock-debounced"
+REAPED_EVENT = "task-lock-reaped"
+#: How long the record of a skip is kept when the app sets no ``result_expires``.
+_DEFAULT_RECORD_TTL = 86400.0
+
+
+class RunLock(RedisLock):
+    """The ``RedisLock`` of one task run, with what the signals report: when the hold began,
+    its fencing token, and how many times its lease was extended (by the renewer or by the
+    task's own ``extend()`` calls)."""
+
+    task: Any = None
+    task_id: str | None = None
+    acquired_at: float | None = None
+    held_token: int | None = None
+    renewals: int = 0
+    lost_reported: bool = False
+
+    def _renewed(self) -> None:
+        """The lease was extended (by the renewer or by ``extend()``): count it, send
+        ``lock_renewed``."""
+        self.renewals += 1
+        if self.task is not None:
+            _send(
+                lock_renewed, self.task, key=self.name, task_id=self.task_id,
+                fencing_token=self.held_token,
+            )  # fmt: skip
+
+
+def _send(signal: Signal, task: Any, **named: Any) -> None:
+    """Send ``signal`` from ``task``; nothing a receiver does reaches the task."""
+    if not signal.receivers:
+        return
+    try:
+        signal.send(sender=task, **named)
+    except Exception:  # Celery's send already catches receivers' errors; belt and braces
+        log.exception("a receiver of %s failed", getattr(signal, "name", signal))
+
+
+def acquired(
+    task: Any, lock: RedisLock, task_id: str, options: LockOptions, started: float
+) -> None:
+    """The run of ``task_id`` holds ``lock`` since now; it began trying at ``started``."""
+    now = time.monotonic()
+    if isinstance(lock, RunLock):
+        lock.acquired_at = now
+        lock.held_token = lock.fencing_token
+        lock.renewals = 0
+        lock.task, lock.task_id = task, task_id
+    _send(
+        lock_acquired, task, key=lock.name, task_id=task_id, fencing_token=lock.fencing_token,
+        waited=max(0.0, now - started), policy=options.on_conflict, scope=options.scope,
+    )  # fmt: skip
+
+
+def conflict(
+    task: Any,
+    key: str,
+    task_id: str | None,
+    *,
+    policy: str,
+    scope: str,
+    holder_task_id: str | None = None,
+    lock: RedisLock | None = None,
+) -> None:
+    """A run or publish found ``key`` held and applies ``policy``. When the holder is not
+    known yet and someone listens, ``lock`` is asked who holds it (one read)."""
+    if not lock_conflict.receivers:
+        return
+    if holder_task_id is None and lock is not None:
+        try:
+            holder = lock.holder()
+        except LockBackendError:
+            holder = None
+        holder_task_id = holder.task_id if holder is not None else None
+    _send(
+        lock_conflict, task, key=key, task_id=task_id, holder_task_id=holder_task_id,
+        policy=policy, scope=scope,
+    )  # fmt: skip
+
+
+def _held(lock: RedisLock) -> tuple[float | None, int | None, int]:
+    """Seconds held so far, the hold's fencing token and its renewals."""
+    if not isinstance(lock, RunLock) or lock.acquired_at is None:
+        return None, lock.fencing_token, 0
+    return time.monotonic() - lock.acquired_at, lock.held_token, lock.renewals
+
+
+def lost(task: Any, lock: RedisLock, task_id: str, options: LockOptions) -> None:
+    """The run's lease was lost: log it and send ``lock_lost`` (once per hold)."""
+    if isinstance(lock, RunLock):
+        if lock.lost_reported:
+            return
+        lock.lost_reported = True
+    held, token, renewals = _held(lock)
+    log.warning(
+        "%s[%s]: the lease of lock %s was lost while the task ran (fencing token %s); "
+        "another run may have held it meanwhile", getattr(task, "name", task), task_id,
+        lock.name, token,
+    )  # fmt: skip
+    _send(
+        lock_lost, task, key=lock.name, task_id=task_id, fencing_token=token, held=held,
+        renewals=renewals, policy=options.on_conflict, scope=options.scope,
+    )  # fmt: skip
+
+
+def released(
+    task: Any,
+    lock: RedisLock,
+    task_id: str,
+    options: LockOptions,
+    state: str | None,
+    *,
+    hold: float = 0.0,
+) -> None:
+    """The run released ``lock`` as it ended in ``state`` (or keeps the key ``hold`` seconds
+    more, after a success under ``lock_release="success"``)."""
+    if not lock_released.receivers:
+        return
+    held, token, renewals = _held(lock)
+    _send(
+        lock_released, task, key=lock.name, task_id=task_id, fencing_token=token, held=held,
+        renewals=renewals, state=state, policy=options.on_conflict, scope=options.scope,
+        hold=hold,
+    )  # fmt: skip
+
+
+def skip_record_key(prefix: str, task_id: str) -> str:
+    """Where the record of the skipped run ``task_id`` is kept: beside the lock keys, but
+    outside ``prefix:*``, so ``locks list`` and ``clear_locks`` never see it."""
+    return f"{prefix}~skipped:{task_id}"
+
+
+def _record_ttl(app: Any) -> float:
+    """Seconds a skip record lives: as long as the app keeps task results."""
+    expires = app.conf.get("result_expires")
+    if isinstance(expires, datetime.timedelta):
+        expires = expires.total_seconds()
+    if isinstance(expires, (int, float)) and not isinstance(expires, bool) and expires > 0:
+        return float(expires)
+    return _DEFAULT_RECORD_TTL
+
+
+def skipped(
+    task: Any,
+    client: Any,
+    *,
+    prefix: str,
+    key: str,
+    task_id: str,
+    holder_task_id: str | None,
+    reason: str = "held",
+) -> None:
+    """A duplicate run of ``task`` was skipped: keep a record of it (read back with
+    ``skip_info(result)``) and, from a worker, send the ``task-lock-skipped`` event. A
+    run skipped because its key was throttled (``reason="throttled"``) is recorded the
+    same way; its event is ``task-lock-throttled``, sent by :func:`throttled`."""
+    record = {
+        "key": key, "holder_task_id": holder_task_id, "task": task.name, "at": time.time(),
+        "reason": reason,
+    }  # fmt: skip
+    try:
+        call(
+            key, client.set, skip_record_key(prefix, task_id),
+            json.dumps(record, sort_keys=True), px=max(1, int(_record_ttl(task.app) * 1000)),
+        )  # fmt: skip
+    except LockBackendError as exc:
+        log.warning("%s[%s]: could not record the skip: %s", task.name, task_id, exc)
+    if reason == "held":
+        _event(task, task_id, SKIPPED_EVENT, key=key, holder_task_id=holder_task_id)
+
+
+def _event(task: Any, task_id: str, event: str, **fields: Any) -> None:
+    """Send the worker event ``event`` about the run ``task_id`` (nothing outside a worker;
+    a broker without events never fails the task)."""
+    request = task.request
+    if request.is_eager or not getattr(request, "hostname", None):
+        return  # no worker, no event
+    try:
+        task.send_event(event, retry=False, name=task.name, **fields)
+    except Exception as exc:  # noqa: BLE001 - a broker without events (SQS) must not fail the task
+        log.debug("could not send %s for %s[%s]: %s", event, task.name, task_id, exc)
+
+
+def throttled(
+    task: Any,
+    key: str,
+    task_id: str,
+    *,
+    policy: str,
+    scope: str,
+    rate: str,
+    retry_in: float,
+) -> None:
+    """The run ``task_id`` did not start: ``key`` used up its start rate. Log it, send
+    ``lock_throttled`` and, from a worker, the ``task-lock-throttled`` event."""
+    log.info(
+        "%s[%s] throttled: %s used up %s; next free start in %.3f s (%s)", task.name, task_id,
+        key, rate, retry_in, policy,
+    )  # fmt: skip
+    _send(
+        lock_throttled, task, key=key, task_id=task_id, policy=policy, scope=scope, rate=rate,
+        retry_in=retry_in,
+    )  # fmt: skip
+    _event(task, task_id, THROTTLED_EVENT, key=key, policy=policy, rate=rate, retry_in=retry_in)
+
+
+def _producer_event(task: Any, task_id: str, event: str, **fields: Any) -> None:
+    """Send ``event`` from a producer, when the app sends ``task-sent`` events too."""
+    app = task.app
+    if not app.conf.task_send_sent_event:
+        return
+    try:
+        with app.events.default_dispatcher() as dispatcher:
+            dispatcher.send(event, uuid=task_id, name=task.name, **fields)
+    except Exception as exc:  # noqa: BLE001 - an event never fails a call
+        log.debug("could not send %s for %s[%s]: %s", event, task.name, task_id, exc)
+
+
+def coalesced(task: Any, key: str, task_id: str, *, scope: str) -> None:
+    """A call became (or updated) the pending follow-up ``task_id`` of ``key``."""
+    _send(lock_coalesced, task, key=key, task_id=task_id, scope=scope)
+    _producer_event(task, task_id, COALESCED_EVENT, key=key)
+
+
+def superseded(task: Any, key: str, task_id: str, *, by: str, running: bool) -> None:
+    """``task_id``'s call was superseded by ``by``: in the producer as it happens, in the
+    worker when the superseded message is delivered (and ends without running)."""
+    _send(lock_superseded, task, key=key, task_id=task_id, by=by, running=running)
+    if getattr(task.request, "hostname", None) and not task.request.is_eager:
+        _event(task, task_id, SUPERSEDED_EVENT, key=key, by=by, running=running)
+    else:
+        _producer_event(task, task_id, SUPERSEDED_EVENT, key=key, by=by, running=running)
+
+
+def debounced(task: Any, key: str, task_id: str, *, generation: int) -> None:
+    """A stale message of the burst ``task_id`` was delivered and ends without running."""
+    _send(lock_debounced, task, key=key, task_id=task_id, generation=generation)
+    _event(task, task_id, DEBOUNCED_EVENT, key=key, generation=generation)
+
+
+def reaped(app: Any, key: str, task_id: str | None, *, why: str) -> None:
+    """``celery locks reap`` freed ``key`` (the hold of ``task_id``): signal and event."""
+    task = None
+    if task_id is not None:
+        holder_task = key.split(":")
+        task = next((t for name, t in app.tasks.items() if name in holder_task), None)
+    sender = task if task is not None else app
+    _send(lock_reaped, sender, key=key, task_id=task_id, why=why)
+    try:
+        with app.events.default_dispatcher() as dispatcher:
+            dispatcher.send(REAPED_EVENT, uuid=task_id, key=key, why=why)
+    except Exception as exc:  # noqa: BLE001 - an event never fails the command
+        log.debug("could not send %s for %s: %s", REAPED_EVENT, key, exc)

@@ -1,0 +1,289 @@
+"""Prometheus metrics of the locks, fed by the package's signals (the ``metrics`` extra:
+``pip install 'celery-singleton-lock[metrics]'``, which brings ``prometheus_client``).
+
+In the module that defines your Celery app::
+
+    from celery_singleton_lock import metrics
+
+    metrics.install(app, port=9808)   # count in every process; serve /metrics from workers
+
+Metrics (label ``task`` is the task name; no label ever carries a lock key)::
+
+    celery_singleton_lock_acquired_total{task,scope}      runs that took their lock
+    celery_singleton_lock_conflicts_total{task,policy}    runs/publishes that found it held
+    celery_singleton_lock_wait_seconds{task}              time from first try to holding it
+    celery_singleton_lock_held_seconds{task}              time held, per released run
+    celery_singleton_lock_lost_total{task}                leases lost while a body ran
+    celery_singleton_lock_renewals_total{task}            lease extensions while held
+    celery_singleton_lock_throttled_total{task,policy}    runs that did not start: their key
+                                                          used up its lock_rate_limit
+    celery_singleton_lock_coalesced_total{task}           calls that became a follow-up
+    celery_singleton_lock_superseded_total{task}          queued calls superseded (counted
+                                                          where the superseding call is made)
+    celery_singleton_lock_debounced_total{task}           stale debounced messages dropped
+    celery_singleton_lock_reaped_total{task}              holds freed by `celery locks reap`
+
+**Prefork pools.** Tasks run in pool processes, and each process counts in its own memory.
+Set ``PROMETHEUS_MULTIPROC_DIR`` to an empty directory in the worker's environment (before
+it starts): every process then writes its counts there, and the server that
+:func:`install` starts in the worker's main process adds them up
+(``prometheus_client``'s multiprocess mode). Without it, a prefork worker's server would
+show nothing of its pool processes, so :func:`install` logs an error at worker start.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+from dataclasses import dataclass
+from typing import Any
+
+from celery import bootsteps
+
+from celery_singleton_lock._observe import (
+    lock_acquired,
+    lock_coalesced,
+    lock_conflict,
+    lock_debounced,
+    lock_lost,
+    lock_reaped,
+    lock_released,
+    lock_renewed,
+    lock_superseded,
+    lock_throttled,
+)
+
+try:
+    from prometheus_client import REGISTRY, CollectorRegistry, Counter, Histogram
+    from prometheus_client import start_http_server as _start_http_server
+    from prometheus_client.multiprocess import MultiProcessCollector
+except ImportError as exc:  # pragma: no cover - depends on the environment
+    raise ImportError(
+        "celery_singleton_lock.metrics needs prometheus_client: "
+        "pip install 'celery-singleton-lock[metrics]'"
+    ) from exc
+
+__all__ = ["LockMetrics", "enable", "install", "multiprocess_dir", "serve"]
+
+log = logging.getLogger("celery_singleton_lock.metrics")
+
+PREFIX = "celery_singleton_lock"
+#: Seconds: acquisitions are milliseconds unless they wait (``lock_wait`` is 60 s by default).
+WAIT_BUCKETS = (0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1.0, 5.0, 10.0, 30.0, 60.0, 300.0)
+#: Seconds: from short critical sections to hour-long jobs.
+HELD_BUCKETS = (0.01, 0.05, 0.1, 0.5, 1.0, 5.0, 10.0, 30.0, 60.0, 300.0, 900.0, 3600.0)
+
+
+@dataclass(frozen=True)
+class LockMetrics:
+    """The metric objects, registered once per registry."""
+
+    acquired: Counter
+    conflicts: Counter
+    wait: Histogram
+    held: Histogram
+    lost: Counter
+    renewals: Counter
+    throttled: Counter
+    coalesced: Counter
+    superseded: Counter
+    debounced: Counter
+    reaped: Counter
+
+    @classmethod
+    def create(cls, registry: CollectorRegistry) -> LockMetrics:
+        """Register every metric in ``registry``."""
+        return cls(
+            acquired=Counter(
+                f"{PREFIX}_acquired", "Task runs that took their singleton lock.",
+                ["task", "scope"], registry=registry,
+            ),
+            conflicts=Counter(
+                f"{PREFIX}_conflicts", "Task runs (or queue-scope publishes) that found their "
+                "lock held, by the policy applied.", ["task", "policy"], registry=registry,
+            ),
+            wait=Histogram(
+                f"{PREFIX}_wait_seconds", "Seconds from a run's first try to holding its lock.",
+                ["task"], buckets=WAIT_BUCKETS, registry=registry,
+            ),
+            held=Histogram(
+                f"{PREFIX}_held_seconds", "Seconds a run held its lock, counted at release.",
+                ["task"], buckets=HELD_BUCKETS, registry=registry,
+            ),
+            lost=Counter(
+                f"{PREFIX}_lost", "Leases lost while the task body ran.", ["task"],
+                registry=registry,
+            ),
+            renewals=Counter(
+                f"{PREFIX}_renewals", "Lease extensions while a run held its lock.", ["task"],
+                registry=registry,
+            ),
+            throttled=Counter(
+                f"{PREFIX}_throttled", "Task runs that did not start because their key used "
+                "up its lock_rate_limit, by the policy applied.", ["task", "policy"],
+                registry=registry,
+            ),
+            coalesced=Counter(
+                f"{PREFIX}_coalesced", "Calls that became (or updated) a pending follow-up "
+                "instead of being published.", ["task"], registry=registry,
+            ),
+            superseded=Counter(
+                f"{PREFIX}_superseded", "Queued calls superseded by a newer one (replace).",
+                ["task"], registry=registry,
+            ),
+            debounced=Counter(
+                f"{PREFIX}_debounced", "Debounced messages that ended without running: a "
+                "later call of their burst runs instead.", ["task"], registry=registry,
+            ),
+            reaped=Counter(
+                f"{PREFIX}_reaped", "Holds freed by `celery locks reap` (holder proven gone).",
+                ["task"], registry=registry,
+            ),
+        )  # fmt: skip
+
+
+_guard = threading.Lock()
+_enabled: dict[int, LockMetrics] = {}
+_current: LockMetrics | None = None
+
+
+def _task_name(sender: Any) -> str:
+    return str(getattr(sender, "name", None) or sender)
+
+
+def _on_acquired(sender: Any = None, scope: str = "", waited: float = 0.0, **_: Any) -> None:
+    if _current is not None:
+        _current.acquired.labels(_task_name(sender), scope).inc()
+        _current.wait.labels(_task_name(sender)).observe(waited)
+
+
+def _on_conflict(sender: Any = None, policy: str = "", **_: Any) -> None:
+    if _current is not None:
+        _current.conflicts.labels(_task_name(sender), policy).inc()
+
+
+def _on_released(sender: Any = None, held: float | None = None, **_: Any) -> None:
+    if _current is not None and held is not None:
+        _current.held.labels(_task_name(sender)).observe(held)
+
+
+def _on_lost(sender: Any = None, **_: Any) -> None:
+    if _current is not None:
+        _current.lost.labels(_task_name(sender)).inc()
+
+
+def _on_renewed(sender: Any = None, **_: Any) -> None:
+    if _current is not None:
+        _current.renewals.labels(_task_name(sender)).inc()
+
+
+def _on_throttled(sender: Any = None, policy: str = "", **_: Any) -> None:
+    if _current is not None:
+        _current.throttled.labels(_task_name(sender), policy).inc()
+
+
+def _counting(name: str) -> Any:
+    """A receiver that counts one of the outcome metrics by task."""
+
+    def receive(sender: Any = None, **_: Any) -> None:
+        if _current is not None:
+            getattr(_current, name).labels(_task_name(sender)).inc()
+
+    return receive
+
+
+def _on_superseded(sender: Any = None, **_: Any) -> None:
+    # Counted once: where the superseding call is made, not again when the superseded
+    # message is delivered to a worker.
+    request: Any = getattr(sender, "request", None)
+    delivered = bool(getattr(request, "hostname", None)) and not getattr(request, "is_eager", True)
+    if _current is not None and not delivered:
+        _current.superseded.labels(_task_name(sender)).inc()
+
+
+def enable(registry: CollectorRegistry | None = None) -> LockMetrics:
+    """Count lock events in ``registry`` (default: ``prometheus_client``'s ``REGISTRY``) from
+    now on, in this process and in processes forked from it. Idempotent per registry; the
+    last registry enabled is the one counted in."""
+    global _current  # noqa: PLW0603 - one set of metric objects per process
+    target = REGISTRY if registry is None else registry
+    with _guard:
+        found = _enabled.get(id(target))
+        if found is None:
+            found = _enabled[id(target)] = LockMetrics.create(target)
+        _current = found
+        for signal, receiver in (
+            (lock_acquired, _on_acquired),
+            (lock_conflict, _on_conflict),
+            (lock_released, _on_released),
+            (lock_lost, _on_lost),
+            (lock_renewed, _on_renewed),
+            (lock_throttled, _on_throttled),
+            (lock_coalesced, _counting("coalesced")),
+            (lock_superseded, _on_superseded),
+            (lock_debounced, _counting("debounced")),
+            (lock_reaped, _counting("reaped")),
+        ):
+            uid = f"csl.metrics.{getattr(signal, 'name', id(signal))}"
+            signal.connect(receiver, weak=False, dispatch_uid=uid)
+    return found
+
+
+def multiprocess_dir() -> str | None:
+    """The ``PROMETHEUS_MULTIPROC_DIR`` in effect, None when not in multiprocess mode."""
+    return os.environ.get("PROMETHEUS_MULTIPROC_DIR") or None
+
+
+def serve(port: int, addr: str = "0.0.0.0", registry: CollectorRegistry | None = None) -> Any:  # noqa: S104 - prometheus_client's own default
+    """Serve ``/metrics`` on ``addr:port`` from a daemon thread; returns the server (or
+    whatever ``prometheus_client.start_http_server`` returns). In multiprocess mode it
+    serves the sum over every process that wrote to ``PROMETHEUS_MULTIPROC_DIR``."""
+    if registry is None and multiprocess_dir():
+        registry = CollectorRegistry()
+        MultiProcessCollector(registry)  # type: ignore[no-untyped-call]
+    return _start_http_server(port, addr=addr, registry=registry or REGISTRY)
+
+
+class MetricsServer(bootsteps.StartStopStep):
+    """Worker bootstep: serve ``/metrics`` from the worker's main process while it runs."""
+
+    name = "celery_singleton_lock.metrics"
+    port = 9808
+    addr = "0.0.0.0"  # noqa: S104 - prometheus_client's own default; set addr to narrow it
+
+    def __init__(self, worker: Any, **kwargs: Any) -> None:
+        super().__init__(worker, **kwargs)
+        self.server: Any = None
+
+    def start(self, worker: Any) -> None:
+        pool = str(getattr(worker, "pool_cls", "") or "")
+        if "prefork" in pool.lower() and not multiprocess_dir():
+            log.error(
+                "singleton lock metrics: the prefork pool counts in its pool processes, but "
+                "PROMETHEUS_MULTIPROC_DIR is not set, so /metrics shows none of it; set it "
+                "to an empty directory in the worker's environment"
+            )
+        started = serve(self.port, self.addr)
+        self.server = started[0] if isinstance(started, tuple) else started
+        log.info("singleton lock metrics on http://%s:%d/metrics", self.addr, self.port)
+
+    def stop(self, worker: Any) -> None:
+        if self.server is not None and hasattr(self.server, "shutdown"):
+            self.server.shutdown()
+            self.server = None
+
+
+def install(
+    app: Any,
+    port: int | None = None,
+    addr: str = "0.0.0.0",  # noqa: S104 - prometheus_client's own default
+    registry: CollectorRegistry | None = None,
+) -> LockMetrics:
+    """Count lock events in this process (:func:`enable`) and, with ``port``, serve them
+    from every ``celery worker`` of ``app`` (a bootstep in its main process)."""
+    metrics = enable(registry)
+    if port is not None:
+        step = type("MetricsServer", (MetricsServer,), {"port": port, "addr": addr})
+        app.steps["worker"].add(step)
+    return metrics
