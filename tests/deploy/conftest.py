@@ -1,4 +1,5 @@
-"""Deployments the lock must work in unchanged: Redis Cluster, ACL users, TLS and Sentinel.
+"""Deployments the lock must work in unchanged: Redis Cluster, ACL users, TLS and Sentinel
+(a master, a replica and three Sentinels: ``benchmarks.sentinel.SentinelGroup``).
 
 Every server here is a private ``redis-server`` on 127.0.0.1, started once per module where
 start-up is costly, waited for with a bound, and stopped by PID.
@@ -10,7 +11,6 @@ import shutil
 import socket
 import ssl
 import subprocess
-import tempfile
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -20,6 +20,7 @@ import pytest
 import redis
 from redis.cluster import RedisCluster
 
+from benchmarks.sentinel import SentinelGroup
 from celery_singleton_lock.testing import RedisServer, free_port
 
 STARTUP_TIMEOUT = 20.0
@@ -221,65 +222,24 @@ def tls_server(tls_files: TlsFiles) -> Iterator[TlsRedisServer]:
 # -- Sentinel -----------------------------------------------------------------------------
 
 
-class SentinelServer(RedisServer):
-    """``redis-server <conf> --sentinel`` monitoring ``master`` as ``mymaster`` (quorum 1)."""
-
-    def __init__(self, master: RedisServer, master_name: str = "mymaster") -> None:
-        super().__init__()
-        self.master = master
-        self.master_name = master_name
-        self.workdir: tempfile.TemporaryDirectory[str] | None = None
-
-    def start(self) -> SentinelServer:
-        """Write the sentinel config (Sentinel needs a writable file) and start it."""
-        self.workdir = tempfile.TemporaryDirectory(prefix="csl-sentinel-")
-        conf = Path(self.workdir.name, "sentinel.conf")
-        conf.write_text(
-            f"port {self.port}\n"
-            "bind 127.0.0.1\n"
-            f"dir {self.workdir.name}\n"
-            f"sentinel monitor {self.master_name} 127.0.0.1 {self.master.port} 1\n"
-        )
-        log = Path(self.workdir.name, "sentinel.log").open("wb")  # noqa: SIM115
-        self.process = subprocess.Popen(
-            [self.executable, str(conf), "--sentinel", "--loglevel", "warning"],
-            stdout=log,
-            stderr=subprocess.STDOUT,
-        )
-        log.close()
-        try:
-            wait_until(self._knows_master, self.startup_timeout, "sentinel to report the master")
-        except BaseException:
-            self.stop()
-            raise
-        return self
-
-    def _knows_master(self) -> bool:
-        if self.process is None or self.process.poll() is not None:
-            raise RuntimeError("redis-server --sentinel exited at start")
-        try:
-            with redis.Redis(port=self.port, socket_timeout=1) as client:
-                state = client.execute_command("SENTINEL", "MASTER", self.master_name)
-        except redis.RedisError:
-            return False
-        flags = state.get(b"flags", state.get("flags", b""))
-        flags = flags.decode() if isinstance(flags, bytes) else str(flags)
-        return flags == "master"
-
-    def stop(self, timeout: float = 5.0) -> None:
-        """Stop the sentinel by PID and remove its directory."""
-        super().stop(timeout)
-        if self.workdir is not None:
-            self.workdir.cleanup()
-            self.workdir = None
-
-
 @pytest.fixture(scope="module")
-def sentinel() -> Iterator[SentinelServer]:
-    """A master and one Sentinel that monitors it as ``mymaster``."""
-    with RedisServer() as master:
-        watcher = SentinelServer(master).start()
-        try:
-            yield watcher
-        finally:
-            watcher.stop()
+def sentinel() -> Iterator[SentinelGroup]:
+    """A master, one replica and three Sentinels (quorum 2) monitoring it as ``mymaster``,
+    for the whole module (tests here never fail it over)."""
+    with SentinelGroup(replicas=1, sentinels=3) as group:
+        yield group
+
+
+@pytest.fixture
+def failover_group() -> Iterator[SentinelGroup]:
+    """A fresh master, replica and three Sentinels for one test that kills the master."""
+    with SentinelGroup(replicas=1, sentinels=3) as group:
+        yield group
+
+
+@pytest.fixture
+def lagging_group() -> Iterator[SentinelGroup]:
+    """Like ``failover_group``, with the replica replicating through a link the test can
+    stall and cut (``group.links[0]``), so an acknowledged write can miss the replica."""
+    with SentinelGroup(replicas=1, sentinels=3, stallable=True) as group:
+        yield group

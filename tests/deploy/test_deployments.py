@@ -7,14 +7,16 @@ second key pattern)::
 
     ACL SETUSER locker on >secret resetkeys ~csl:* ~{csl:* resetchannels -@all
         +evalsha +script|load +time +get +set +setrange +pttl +pexpire +del +rpush +blpop
-        +getset +watch +unwatch +multi +exec +ping
+        +lpop +zadd +zrem +zpopmin +zcard +getset +watch +unwatch +multi +exec +ping
 
 - scripting mode (the default) needs: ``evalsha script|load`` (a script is loaded on first
   use, and again after a restart, failover or SCRIPT FLUSH; EVAL itself is never sent),
-  ``time get set setrange pttl pexpire del rpush`` (run inside the scripts: Redis checks
-  those against the user too) and ``blpop`` (waiting);
+  ``time get set setrange pttl pexpire del rpush zadd zrem zpopmin zcard`` (run inside the
+  scripts: Redis checks those against the user too), ``blpop`` (waiting) and ``zrem lpop
+  del get`` (a waiter that gives up leaves the queue);
 - plain mode (``scripting=False``) needs: ``time get set getset pttl pexpire del rpush
-  blpop watch unwatch multi exec``;
+  blpop lpop zadd zrem watch unwatch multi exec`` (and ``setrange`` when scripted clients
+  take the same locks: a plain waiter then flags their values);
 - ``ping``: redis-py's connection health check (``client_from_url`` clients check after
   30 s idle);
 - optional: ``+client|setinfo`` keeps redis-py's connect-time library-name report out of
@@ -36,11 +38,12 @@ import redis
 from redis.cluster import RedisCluster
 from redis.exceptions import RedisClusterException
 
+from benchmarks.sentinel import SentinelGroup
 from celery_singleton_lock import LockError, RedisLock
 from celery_singleton_lock.client import client_from_url
 from celery_singleton_lock.exceptions import LockBackendError
 from celery_singleton_lock.lock import companion_key
-from tests.deploy.conftest import Cluster, SentinelServer, TlsRedisServer, wait_until
+from tests.deploy.conftest import Cluster, TlsRedisServer, wait_until
 from tests.lock.hammer import run_hammer
 
 pytestmark = pytest.mark.slow
@@ -49,11 +52,11 @@ HANDOFF_LIMIT = 0.05  # a notified waiter takes over within 50 ms (its fallback 
 
 SCRIPTING_COMMANDS = (
     "evalsha", "script|load", "time", "get", "set", "setrange", "pttl", "pexpire", "del",
-    "rpush", "blpop",
+    "rpush", "blpop", "lpop", "zadd", "zrem", "zpopmin", "zcard",
 )  # fmt: skip
 PLAIN_COMMANDS = (
-    "time", "get", "set", "getset", "pttl", "pexpire", "del", "rpush", "blpop", "watch",
-    "unwatch", "multi", "exec",
+    "time", "get", "set", "getset", "pttl", "pexpire", "del", "rpush", "blpop", "lpop",
+    "zadd", "zrem", "watch", "unwatch", "multi", "exec",
 )  # fmt: skip
 ACL_COMMANDS = (*dict.fromkeys(SCRIPTING_COMMANDS + PLAIN_COMMANDS), "ping")
 ACL_KEYS = ("~csl:*", "~{csl:*")
@@ -207,6 +210,34 @@ def test_cluster_notified_handoff(cluster_client: RedisCluster, scripting: bool)
         )
 
 
+@pytest.mark.parametrize("scripting", CLUSTER_MODES)
+def test_cluster_waiter_that_times_out_leaves_the_queue(
+    cluster_client: RedisCluster, scripting: bool
+) -> None:
+    """On a Redis Cluster a blocking acquire that times out returns False and leaves the
+    waiters' queue, and a queued waiter that gets the lock leaves it too (each with
+    single-key commands: a multi-key DELETE in a cluster pipeline raised
+    RedisClusterException; found by the slot-migration test)."""
+    for name in CLUSTER_NAMES:
+        queue = companion_key(name, "queue")
+        holder = RedisLock(cluster_client, name, timeout=10, scripting=scripting)
+        assert holder.acquire(blocking=False)
+        waiter = RedisLock(cluster_client, name, timeout=10, scripting=scripting)
+        assert not waiter.acquire(timeout=0.3)
+        assert cluster_client.zcard(queue) == 0
+        got: list[bool] = []
+        thread = threading.Thread(
+            target=lambda w=waiter, out=got: out.append(w.acquire(timeout=10))
+        )
+        thread.start()
+        time.sleep(0.3)  # queued
+        holder.release()
+        thread.join(10)
+        assert got == [True]
+        assert cluster_client.zcard(queue) == 0
+        waiter.release()
+
+
 def test_cluster_pipeline_watch_needs_a_transaction_pipeline(
     cluster_client: RedisCluster,
 ) -> None:
@@ -277,6 +308,12 @@ def lock_scenario(url: str, admin: redis.Redis, scripting: bool) -> None:
         assert late.acquire(timeout=3)
         late.release()
         assert_notified_handoff(lambda: make(fallback_poll=5), admin)
+        # A waiter that gives up leaves the queue (ZREM, LPOP of a grant that raced it).
+        holder, quitter = make(), make(fallback_poll=5)
+        assert holder.acquire(blocking=False)
+        assert not quitter.acquire(timeout=0.3)
+        holder.release()
+        assert admin.get(name) is None
         # A foreign value with a TTL counts as held until it expires (the PTTL path).
         tagged = f"{{csl:{uuid.uuid4().hex[:8]}}}:job"
         admin.set(tagged, "not ours", px=200)
@@ -388,12 +425,12 @@ def test_tls_unverifiable_certificate_is_a_backend_error(tls_server: TlsRedisSer
 
 
 @pytest.mark.parametrize("scripting", MODES)
-def test_sentinel_url_locks_on_the_master(sentinel: SentinelServer, scripting: bool) -> None:
-    """sentinel://…?master_name=mymaster resolves the master, where the lock key lives,
-    and acquire/release/hand-off work through it."""
-    url = f"sentinel://127.0.0.1:{sentinel.port}/0?master_name=mymaster"
+def test_sentinel_url_locks_on_the_master(sentinel: SentinelGroup, scripting: bool) -> None:
+    """sentinel://…?master_name=mymaster (three Sentinels) resolves the master, where the
+    lock key lives, and acquire/release/hand-off work through it."""
+    url = sentinel.url
     client = client_from_url(url)
-    master = redis.Redis(port=sentinel.master.port)
+    master = redis.Redis(port=sentinel.master_port())
     try:
         name = f"csl:{uuid.uuid4().hex[:8]}"
         lock = RedisLock(client, name, timeout=10, scripting=scripting)

@@ -1,0 +1,1 @@
+"""Hypothesis fuzzing of key derivation, planted lock values and settings."""
