@@ -50,6 +50,7 @@ import contextlib
 import importlib
 import importlib.metadata
 import json
+import math
 import os
 import platform
 import re
@@ -626,8 +627,174 @@ def servers() -> Iterator[tuple[RedisServer, RedisServer]]:
         yield broker, lock
 
 
-def _raise_exit(signum: int, _frame: object) -> None:
+def raise_exit(signum: int, _frame: object) -> None:
     raise SystemExit(128 + signum)
+
+
+def build_params(
+    quick: bool,
+    runs: int | None = None,
+    tasks: int | None = None,
+    audit_tasks: int | None = None,
+) -> Params:
+    """Full or ``--quick`` sizes, with any explicit override."""
+    tasks = tasks or (300 if quick else 2000)
+    if audit_tasks is None:
+        audit_tasks = 100 if quick else 500
+    return Params(
+        runs=runs or (1 if quick else 3),
+        tasks=tasks,
+        warmup_tasks=20,
+        audit_tasks=min(tasks, audit_tasks),
+    )
+
+
+def run_celery(
+    params: Params, chosen: Sequence[str], log: Any = print
+) -> tuple[dict[str, list[Result]], dict[str, Result], dict[str, Result]]:
+    """Measure the ``chosen`` contenders: (per-run results, audits, summary). ``log``
+    receives one progress line per measurement."""
+    results: dict[str, list[Result]] = {c: [] for c in chosen}
+    audits: dict[str, Result] = {}
+    with servers() as (broker, lock), tempfile.TemporaryDirectory(prefix="csl-bench-") as tmp:
+        bench = Bench(broker, lock, Path(tmp), params)
+        live = []
+        for contender in chosen:
+            reason = bench.unavailable(contender)
+            if reason:
+                results[contender].append({"status": reason, "run": 0})
+                log(f"{contender}: N/A ({reason})")
+            else:
+                live.append(contender)
+        # Warm-up: the producer's broker and lock connections, script loading on the servers.
+        for contender in list(live):
+            outcome = bench.measure(contender, params.warmup_tasks)
+            if outcome["status"] != "ok":
+                results[contender].append({"status": f"warm-up: {outcome['status']}", "run": 0})
+                log(f"warm-up {contender}: {outcome['status']}")
+                log(outcome.get("log_tail", ""))
+                live.remove(contender)
+        for run in range(params.runs):
+            order = live[run % len(live) :] + live[: run % len(live)]  # rotate per run
+            for contender in order:
+                outcome = bench.measure(contender, params.tasks)
+                outcome["run"] = run
+                outcome["load1"] = os.getloadavg()[0]
+                results[contender].append(outcome)
+                if outcome["status"] == "ok":
+                    log(
+                        f"run {run + 1} {contender:17} drain {outcome['drain_rate']:7,.0f}/s "
+                        f"({outcome['drain_s']:.2f} s)  publish {outcome['publish_rate']:7,.0f}/s"
+                        f"  lock cmds/task {outcome['publish_cmds']:.2f} + "
+                        f"{outcome['drain_cmds']:.2f}  drain CPU {drain_cpu(outcome):.0f} us/task"
+                        f"  load {loadavg()}"
+                    )
+                else:
+                    log(f"run {run + 1} {contender}: {outcome['status']}")
+                    if outcome.get("log_tail"):
+                        log(outcome["log_tail"])
+        if params.audit_tasks:
+            for contender in live:
+                outcome = bench.measure(contender, params.audit_tasks, audit=True)
+                if outcome["status"] == "ok" and "audit" in outcome:
+                    audits[contender] = outcome["audit"]
+                else:
+                    audits[contender] = {"error": outcome["status"]}
+    return results, audits, summarise(results, audits)
+
+
+CPU_NOTE = (
+    "CPU per task in µs (user + system from /proc, medians; the drain total is the worker's "
+    "processes plus both servers, ratio of medians to plain; the ÷ main process column is "
+    "the median of per-run ratios of pool-process plus lock-server CPU to the worker main "
+    "process's CPU, which is the same Celery work for every contender and so cancels the "
+    "host's drifting speed):"
+)
+
+
+def render_tables(summary: dict[str, Result], chosen: Sequence[str], above: str = "") -> str:
+    """The drain table, the CPU table and the command breakdown, as markdown."""
+    lead = [above, ""] if above else []
+    return "\n".join(
+        [
+            *lead,
+            table(summary, chosen),
+            "",
+            CPU_NOTE,
+            "",
+            *lead,
+            cpu_table(summary, chosen),
+            "",
+            "Lock commands per task by phase, where and command (MONITOR audit):",
+            "",
+            breakdown_text(summary, chosen),
+        ]
+    )
+
+
+def targets(summary: dict[str, Result]) -> list[str]:
+    """Issue 13's Celery targets, each marked met / MISSED / not measured."""
+    nan = float("nan")
+
+    def row(contender: str) -> Result:
+        return summary.get(contender) or {}
+
+    def ok(contender: str) -> bool:
+        return row(contender).get("status") == "ok"
+
+    def audit(contender: str, field: str) -> float:
+        found = row(contender).get("audit") or {}
+        value = found.get(field)
+        return float(value) if isinstance(value, int | float) else nan
+
+    def line(text: str, values: Sequence[float], good: bool) -> str:
+        measured = bool(values) and not any(math.isnan(v) for v in values)
+        return f"- {text} -> {('met' if good else 'MISSED') if measured else 'not measured'}"
+
+    def num(value: float, digits: int = 2) -> str:
+        return "—" if math.isnan(value) else f"{value:,.{digits}f}"
+
+    out = []
+    for contender, scope in (("csl-run", "run"), ("csl-queue", "queue")):
+        ratio = row(contender)["ratio"] if ok(contender) else nan
+        rt = audit(contender, "drain_rt")
+        out.append(
+            line(
+                f"Celery. drain, {scope} scope >= 0.95x plain: {num(ratio)}x "
+                f"({num(row(contender).get('drain_rate', nan), 0)} vs "
+                f"{num(row('plain').get('drain_rate', nan), 0)} tasks/s, ratio of medians)",
+                [ratio],
+                ratio >= 0.95,
+            )
+        )
+        out.append(
+            line(
+                f"Celery. {scope} scope: <= 2 lock round trips per task in the worker: {num(rt)}",
+                [rt],
+                rt <= 2,
+            )
+        )
+
+    def publish(contender: str) -> tuple[float, float, float, float]:
+        cpu = row(contender).get("cpu_us", {}).get("producer", nan) if ok(contender) else nan
+        rate = row(contender).get("publish_rate", nan) if ok(contender) else nan
+        cmds = row(contender).get("publish_cmds", nan) if ok(contender) else nan
+        return cpu, audit(contender, "publish_rt"), rate, cmds
+
+    q_cpu, q_rt, q_rate, q_cmds = publish("csl-queue")
+    s_cpu, s_rt, s_rate, s_cmds = publish("celery-singleton")
+    out.append(
+        line(
+            "Celery. queue-scope publish cost <= celery-singleton's (producer CPU and lock "
+            f"round trips per publish): {num(q_cpu, 0)} vs {num(s_cpu, 0)} µs CPU, "
+            f"{num(q_rt)} vs {num(s_rt)} round trips (also: {num(q_rate, 0)} vs "
+            f"{num(s_rate, 0)} publishes/s, {num(q_cmds)} vs {num(s_cmds)} lock commands "
+            "incl. in-script)",
+            [q_cpu, s_cpu, q_rt, s_rt],
+            q_cpu <= s_cpu and q_rt <= s_rt,
+        )
+    )
+    return out
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -652,25 +819,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--json", metavar="PATH", help="also write raw results as JSON")
     args = parser.parse_args(argv)
     # A SIGTERM unwinds like Ctrl-C, so the worker and both servers are still stopped.
-    signal.signal(signal.SIGTERM, _raise_exit)
-
-    tasks = args.tasks or (300 if args.quick else 2000)
-    params = Params(
-        runs=args.runs or (1 if args.quick else 3),
-        tasks=tasks,
-        warmup_tasks=20,
-        audit_tasks=min(tasks, args.audit_tasks if args.audit_tasks is not None
-                        else (100 if args.quick else 500)),
-    )  # fmt: skip
-    chosen = [c for c, _ in CONTENDERS]
-    if args.contenders:
-        wanted = [c.strip() for c in args.contenders.split(",") if c.strip()]
-        unknown = sorted(set(wanted) - set(chosen))
-        if unknown:
-            parser.error(f"unknown contenders: {', '.join(unknown)}")
-        chosen = [c for c in chosen if c in wanted]
-    if "plain" not in chosen:
-        chosen.insert(0, "plain")  # every ratio needs it
+    signal.signal(signal.SIGTERM, raise_exit)
+    params = build_params(args.quick, args.runs, args.tasks, args.audit_tasks)
+    try:
+        chosen = choose(args.contenders)
+    except ValueError as exc:
+        parser.error(str(exc))
 
     command = "python -m benchmarks.bench_celery " + shlex.join(sys.argv[1:] if argv is None
                                                                  else list(argv))  # fmt: skip
@@ -684,61 +838,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         f"concurrency {params.concurrency}, default prefetch; audit: {params.audit_tasks} tasks\n"
     )
     began = time.monotonic()
-    results: dict[str, list[Result]] = {c: [] for c in chosen}
-    audits: dict[str, Result] = {}
-    with servers() as (broker, lock), tempfile.TemporaryDirectory(prefix="csl-bench-") as tmp:
-        bench = Bench(broker, lock, Path(tmp), params)
-        live = []
-        for contender in chosen:
-            reason = bench.unavailable(contender)
-            if reason:
-                results[contender].append({"status": reason, "run": 0})
-                print(f"{contender}: N/A ({reason})", flush=True)
-            else:
-                live.append(contender)
-        # Warm-up: the producer's broker and lock connections, script loading on the servers.
-        for contender in list(live):
-            outcome = bench.measure(contender, params.warmup_tasks)
-            if outcome["status"] != "ok":
-                results[contender].append({"status": f"warm-up: {outcome['status']}", "run": 0})
-                print(f"warm-up {contender}: {outcome['status']}", flush=True)
-                print(outcome.get("log_tail", ""), flush=True)
-                live.remove(contender)
-        for run in range(params.runs):
-            order = live[run % len(live) :] + live[: run % len(live)]  # rotate per run
-            for contender in order:
-                outcome = bench.measure(contender, params.tasks)
-                outcome["run"] = run
-                results[contender].append(outcome)
-                if outcome["status"] == "ok":
-                    print(
-                        f"run {run + 1} {contender:17} drain {outcome['drain_rate']:7,.0f}/s "
-                        f"({outcome['drain_s']:.2f} s)  publish {outcome['publish_rate']:7,.0f}/s"
-                        f"  lock cmds/task {outcome['publish_cmds']:.2f} + "
-                        f"{outcome['drain_cmds']:.2f}  drain CPU {drain_cpu(outcome):.0f} us/task"
-                        f"  load {loadavg()}",
-                        flush=True,
-                    )
-                else:
-                    print(f"run {run + 1} {contender}: {outcome['status']}", flush=True)
-                    if outcome.get("log_tail"):
-                        print(outcome["log_tail"], flush=True)
-        if params.audit_tasks:
-            for contender in live:
-                outcome = bench.measure(contender, params.audit_tasks, audit=True)
-                if outcome["status"] == "ok" and "audit" in outcome:
-                    audits[contender] = outcome["audit"]
-                else:
-                    audits[contender] = {"error": outcome["status"]}
-
-    summary = summarise(results, audits)
-    print(f"\n{table(summary, chosen)}\n")
-    print("CPU per task in microseconds (user + system from /proc, medians; the drain total")
-    print("is the worker's processes plus both servers; ratio of medians to plain; the")
-    print("÷ main process column is the median of per-run ratios, steady on a drifting host):\n")
-    print(f"{cpu_table(summary, chosen)}\n")
-    print("Lock commands per task by phase, where and command (MONITOR audit):")
-    print(breakdown_text(summary, chosen))
+    results, audits, summary = run_celery(params, chosen, lambda text: print(text, flush=True))
+    print(f"\n{render_tables(summary, chosen)}\n")
+    print("\n".join(targets(summary)))
     print(f"\nload average at end: {loadavg()}; took {time.monotonic() - began:.0f} s")
     if args.json:
         Path(args.json).write_text(
@@ -749,6 +851,21 @@ def main(argv: Sequence[str] | None = None) -> int:
             )
         )  # fmt: skip
     return 0
+
+
+def choose(wanted: str | None) -> list[str]:
+    """The contenders to run, in table order, plain always among them (every ratio needs
+    it); ValueError for an unknown name."""
+    chosen = [c for c, _ in CONTENDERS]
+    if wanted:
+        names = [c.strip() for c in wanted.split(",") if c.strip()]
+        unknown = sorted(set(names) - set(chosen))
+        if unknown:
+            raise ValueError(f"unknown contenders: {', '.join(unknown)}")
+        chosen = [c for c in chosen if c in names]
+    if "plain" not in chosen:
+        chosen.insert(0, "plain")
+    return chosen
 
 
 if __name__ == "__main__":

@@ -18,7 +18,7 @@ from typing import Any, Protocol
 
 import redis
 
-__all__ = ["CONTENDERS", "Contender", "LockHandle", "make_client"]
+__all__ = ["CONTENDERS", "Contender", "CslLock", "LockHandle", "make_client"]
 
 
 class LockHandle(Protocol):
@@ -44,10 +44,19 @@ def make_client(url: str, **kwargs: Any) -> redis.Redis:
 class CslLock:
     """Ours: ``celery_singleton_lock.RedisLock``."""
 
-    def __init__(self, client: redis.Redis, key: str, lease: float, *, scripting: bool) -> None:
+    def __init__(
+        self,
+        client: redis.Redis,
+        key: str,
+        lease: float,
+        *,
+        scripting: bool,
+        fallback_poll: float | None = None,
+    ) -> None:
         from celery_singleton_lock import RedisLock  # noqa: PLC0415  (may not exist yet)
 
-        self._lock = RedisLock(client, key, timeout=lease, scripting=scripting)
+        options = {} if fallback_poll is None else {"fallback_poll": fallback_poll}
+        self._lock = RedisLock(client, key, timeout=lease, scripting=scripting, **options)
 
     def acquire(self, timeout: float) -> bool:
         return bool(self._lock.acquire(blocking=True, timeout=timeout))
