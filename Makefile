@@ -1,9 +1,10 @@
 # One command per job. Each target sets itself up first (scripts/bootstrap.sh).
-.PHONY: test matrix docs docs-gen lint types demo bench
+.PHONY: test matrix docs docs-gen lint types demo bench bench-quick soak failover
 
 VENV := .venv/bin
+MINUTES ?= 10
 
-test:  ## the whole suite: lint, types, layering, then pytest (newest versions) and the nox version matrix
+test:  ## the whole suite: lint, types, layering, then pytest (newest versions), the nox version matrix and a 2-minute chaos soak
 	@scripts/bootstrap.sh test,dev,demo
 	$(VENV)/ruff check .
 	$(VENV)/ruff format --check .
@@ -37,7 +38,19 @@ demo:  ## the flash-sale demo (REDIS_URL to use your Redis; else a private one i
 	@scripts/bootstrap.sh demo
 	$(VENV)/python -m examples.flash_sale.demo $(ARGS)
 
-bench:  ## benchmarks against the libraries users would pick instead
+bench:  ## every published benchmark figure from one run (~20 min): docs/benchmarks.md, README, docs/img/
 	@scripts/bootstrap.sh test,dev,bench
-	$(VENV)/python -m benchmarks.bench_lock
-	$(VENV)/python -m benchmarks.bench_celery
+	$(VENV)/python -m benchmarks.run --write docs/benchmarks.md --readme README.md $(ARGS)
+
+bench-quick:  ## a smoke run of every benchmark (~3 min); prints the markdown, writes nothing
+	@scripts/bootstrap.sh test,dev,bench
+	$(VENV)/python -m benchmarks.run --quick $(ARGS)
+
+soak:  ## the chaos soak: real workers and beat under injected faults, MINUTES=10 (report: build/soak/)
+	@scripts/bootstrap.sh test,dev
+	$(VENV)/python -m benchmarks.soak --minutes $(MINUTES) --run-dir build/soak/logs \
+		--json build/soak/report.json --markdown build/soak/report.md $(ARGS)
+
+failover:  ## Sentinel failovers: how often exclusion breaks, with and without WAIT (replicas=1)
+	@scripts/bootstrap.sh test,dev
+	$(VENV)/python -m benchmarks.failover --json build/failover.json $(ARGS)

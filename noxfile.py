@@ -37,8 +37,14 @@ def interpreter(version: str) -> str:
 #: pyproject.toml declares; keep the two in step.
 OLDEST = ["celery==5.3.6", "kombu[redis]==5.3.4", "redis==5.0.1", "click==8.1.2"]
 MIDDLE = ["celery==5.6.3", "kombu[redis]==5.6.2", "redis==6.4.0"]
-#: What runs on every set: the engine (pure and on a real redis-server) and real workers.
-MATRIX_TESTS = ["tests/unit", "tests/lock", "tests/worker"]
+#: What runs on every set: the engine (pure and on a real redis-server), real workers, and
+#: the celery-singleton / celery-once shims (about 35 s), the pytest plugin beside Celery's
+#: in-process fixtures and pytest-celery (about 20 s), and the cheap part of the modes (option
+#: combinations, workers refusing them, the scripts' round trips: about 5 s).
+MATRIX_TESTS = [
+    "tests/unit", "tests/lock", "tests/worker", "tests/compat", "tests/plugin",
+    "tests/modes/test_combinations.py", "tests/modes/test_round_trips.py",
+]  # fmt: skip
 
 
 @nox.session
@@ -52,4 +58,7 @@ def matrix(session: nox.Session, pins: list[str]) -> None:
     # The pins go in with the project so the resolver cannot move them.
     session.install(".[test]", *pins)
     session.run("python", "-m", "pip", "list", "--format=freeze")
-    session.run("pytest", "-q", "-p", "no:cacheprovider", *MATRIX_TESTS, *session.posargs)
+    # Spread over two processes (the tests mostly wait on workers); the "alone" tests (CPU-
+    # and timing-bound load tests, nothing version-specific) run once, on the newest set.
+    session.run("pytest", "-q", "-p", "no:cacheprovider", "-n", "2", "--dist", "loadfile",
+                "-m", "not alone", *MATRIX_TESTS, *session.posargs)  # fmt: skip

@@ -1,7 +1,9 @@
 """Helpers for test suites and demos: a private ``redis-server`` and real Celery processes.
 
 ``RedisServer`` starts ``redis-server`` on a free loopback port with persistence off, waits
-until it answers, and stops exactly that process (by PID) on exit. ``CeleryWorker`` and
+until it answers, and stops exactly that process (by PID) on exit; it can also be paused
+(SIGSTOP) and restarted empty on the same port. ``FaultProxy`` sits between a client and
+a server and can stall or cut the connections, as a network would. ``CeleryWorker`` and
 ``CeleryBeat`` run ``python -m celery -A <module> worker|beat`` in a process group of their
 own, wait (bounded) until it is ready, and stop the whole group: SIGTERM (Celery's warm
 shutdown), then SIGKILL after a timeout. Our own tests, the benchmarks and the examples all
@@ -23,6 +25,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
@@ -32,6 +35,7 @@ __all__ = [
     "CeleryBeat",
     "CeleryProcess",
     "CeleryWorker",
+    "FaultProxy",
     "RedisServer",
     "find_redis_server",
     "free_port",
@@ -201,6 +205,26 @@ class RedisServer:
             self._dir.cleanup()
             self._dir = None
 
+    def pause(self) -> None:
+        """Stop the server process in its tracks (SIGSTOP): connections stay open, nothing
+        is answered, as a server stalled by the OS or a hung host."""
+        assert self.process is not None, "the server is not running"
+        os.kill(self.process.pid, signal.SIGSTOP)
+
+    def resume(self) -> None:
+        """Let a paused server run again (SIGCONT)."""
+        assert self.process is not None, "the server is not running"
+        os.kill(self.process.pid, signal.SIGCONT)
+
+    def restart(self) -> None:
+        """Stop the server and start a new, empty one on the same port (every key lost)."""
+        self.stop()
+        fixed, self._fixed_port = self._fixed_port, True
+        try:
+            self.start()
+        finally:
+            self._fixed_port = fixed
+
     def __enter__(self) -> RedisServer:
         return self.start()
 
@@ -211,6 +235,96 @@ class RedisServer:
         tb: TracebackType | None,
     ) -> None:
         self.stop()
+
+
+class FaultProxy:
+    """A loopback TCP proxy in front of ``127.0.0.1:<upstream_port>`` whose connections a
+    test can stall (they stay open and nothing flows, either way), resume, or cut (every
+    open connection closed at once), as a network between a client and Redis would.
+    Point a client at ``url`` (or ``port``); a context manager."""
+
+    def __init__(self, upstream_port: int) -> None:
+        self.upstream_port = upstream_port
+        self._listener = socket.create_server(("127.0.0.1", 0))
+        self.port: int = self._listener.getsockname()[1]
+        self._flowing = threading.Event()
+        self._flowing.set()
+        self._mutex = threading.Lock()
+        self._open: list[socket.socket] = []
+        self._closed = False
+        threading.Thread(target=self._accept, name="fault-proxy", daemon=True).start()
+
+    @property
+    def url(self) -> str:
+        """``redis://127.0.0.1:<proxy port>/0``."""
+        return f"redis://127.0.0.1:{self.port}/0"
+
+    def stall(self) -> None:
+        """Hold every byte in both directions until :meth:`resume`."""
+        self._flowing.clear()
+
+    def resume(self) -> None:
+        """Let bytes flow again."""
+        self._flowing.set()
+
+    def cut(self) -> int:
+        """Close every open connection (new ones are still accepted); how many were cut."""
+        with self._mutex:
+            sockets, self._open = self._open, []
+        for sock in sockets:
+            with contextlib.suppress(OSError):
+                sock.shutdown(socket.SHUT_RDWR)
+            sock.close()
+        return len(sockets) // 2
+
+    def close(self) -> None:
+        """Stop accepting and cut everything."""
+        self._closed = True
+        self._flowing.set()
+        self._listener.close()
+        self.cut()
+
+    def _accept(self) -> None:
+        while not self._closed:
+            try:
+                client, _ = self._listener.accept()
+            except OSError:
+                return
+            try:
+                upstream = socket.create_connection(("127.0.0.1", self.upstream_port), timeout=5)
+                upstream.settimeout(None)
+            except OSError:
+                client.close()
+                continue
+            with self._mutex:
+                self._open += [client, upstream]
+            for source, sink in ((client, upstream), (upstream, client)):
+                threading.Thread(target=self._pump, args=(source, sink), daemon=True).start()
+
+    def _pump(self, source: socket.socket, sink: socket.socket) -> None:
+        try:
+            while data := source.recv(65536):
+                while not self._flowing.wait(0.1):
+                    if self._closed or sink.fileno() < 0:
+                        return  # closed or cut while stalled
+                sink.sendall(data)
+        except OSError:
+            pass
+        finally:
+            for sock in (source, sink):
+                with contextlib.suppress(OSError):
+                    sock.shutdown(socket.SHUT_RDWR)
+
+    def __enter__(self) -> FaultProxy:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
 
 
 # -- Celery processes ------------------------------------------------------------------------

@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
-# The whole suite: pytest on the newest versions in .venv, with the nox version-matrix
-# sessions (oldest and middle Celery / kombu / redis-py, each in a venv of its own) running
-# beside it — all three mostly wait on real workers, so they share two cores well. Fails
-# when any fails; prints the matrix's versions and results at the end. Arguments go to the
-# main pytest run.
+# The whole suite: pytest on the newest versions in .venv (spread over CSL_TEST_PROCESSES
+# processes, default 4), with the nox version-matrix sessions (oldest and middle Celery /
+# kombu / redis-py, each in a venv of its own) and a short chaos soak (benchmarks/soak,
+# CSL_SOAK_MINUTES, default 2; 0 skips it) running beside it: the tests mostly wait on real
+# workers, so they share two cores well. The tests marked "alone" (CPU- and timing-bound)
+# run last, by themselves. Fails when any fails; prints the matrix's versions and results
+# and the soak's headline at the end. Arguments replace the main pytest run's selection.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 
@@ -16,9 +18,22 @@ for session in "${sessions[@]}"; do
   setsid .venv/bin/nox -s "$session" >"$log" 2>&1 &
   pids+=($!)
 done
+soak_minutes="${CSL_SOAK_MINUTES:-2}"
+soak_pid=""
+rm -rf build/soak-ci
+if [ "$soak_minutes" != "0" ]; then
+  setsid .venv/bin/python -m benchmarks.soak --minutes "$soak_minutes" --run-dir build/soak-ci \
+    --json build/soak-ci.json --markdown build/soak-ci.md >build/soak-ci.log 2>&1 &
+  soak_pid=$!
+  pids+=("$soak_pid")
+fi
 trap 'for pid in "${pids[@]}"; do kill -- -"$pid" 2>/dev/null; done' INT TERM EXIT
 
-.venv/bin/pytest "$@"
+if [ "$#" -gt 0 ]; then
+  .venv/bin/pytest "$@"
+else
+  .venv/bin/pytest -n "${CSL_TEST_PROCESSES:-4}" --dist loadfile -m "not alone"
+fi
 status=$?
 
 for index in "${!sessions[@]}"; do
@@ -30,5 +45,17 @@ for index in "${!sessions[@]}"; do
   grep -E "^(celery|kombu|redis|click)==|^nox > Session|[0-9]+ (passed|failed)" "$log" | tail -n 8
   [ "$result" -eq 0 ] || status=1
 done
+if [ -n "$soak_pid" ]; then
+  wait "$soak_pid"
+  result=$?
+  echo "---- chaos soak, $soak_minutes min: exit $result (report: build/soak-ci.md, log: build/soak-ci.log) ----"
+  sed -n '/^| soak |/,/^| lock Redis commands per task/p' build/soak-ci.md 2>/dev/null
+  grep -E "^soak: (SAFETY|could not)" build/soak-ci.log
+  [ "$result" -eq 0 ] || status=1
+fi
+if [ "$#" -eq 0 ]; then
+  echo "---- the tests that run alone ----"
+  .venv/bin/pytest -m alone || status=1
+fi
 echo "---- whole suite took $((SECONDS - started)) s ----"
 exit "$status"
