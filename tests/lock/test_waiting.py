@@ -162,7 +162,10 @@ def test_fallback_poll_longer_than_the_socket_timeout(
     started = time.monotonic()
     assert not waiter.acquire(timeout=1.5)
     assert 1.4 < time.monotonic() - started < 2.5
-    threading.Timer(0.5, holder.release).start()
+    releaser = threading.Timer(0.5, holder.release)
+    releaser.start()
     assert waiter.acquire(timeout=5)
     waiter.release()
+    # The hand-off can wake the waiter before the releasing thread has read its reply.
+    releaser.join(5)
     client.close()

@@ -64,11 +64,15 @@ def test_assertions_wait_for_the_state(singleton_locks):
     key = singleton_locks.prefix + ":w:{1}"
     first = RedisLock(singleton_locks.client, key, timeout=30)
     assert first.acquire(blocking=False)
-    threading.Timer(0.3, first.release).start()
+    releaser = threading.Timer(0.3, first.release)
+    releaser.start()
     singleton_locks.assert_free(key, timeout=5)
+    releaser.join(5)
     second = RedisLock(singleton_locks.client, key, timeout=30)
-    threading.Timer(0.3, lambda: second.acquire(blocking=False)).start()
+    taker = threading.Timer(0.3, lambda: second.acquire(blocking=False))
+    taker.start()
     singleton_locks.assert_held(key, timeout=5)
+    taker.join(5)
     second.release()
 
 def test_leaves_a_lock_behind(singleton_locks):
