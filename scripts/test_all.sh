@@ -30,11 +30,11 @@ fi
 trap 'for pid in "${pids[@]}"; do kill -- -"$pid" 2>/dev/null; done' INT TERM EXIT
 
 if [ "$#" -gt 0 ]; then
-  .venv/bin/pytest "$@"
+  .venv/bin/pytest "$@" 2>&1 | tee build/main.log
 else
-  .venv/bin/pytest -n "${CSL_TEST_PROCESSES:-4}" --dist loadfile -m "not alone"
+  .venv/bin/pytest -n "${CSL_TEST_PROCESSES:-4}" --dist loadfile -m "not alone" 2>&1 | tee build/main.log
 fi
-status=$?
+status=${PIPESTATUS[0]}
 
 for index in "${!sessions[@]}"; do
   session=${sessions[$index]}
@@ -55,7 +55,14 @@ if [ -n "$soak_pid" ]; then
 fi
 if [ "$#" -eq 0 ]; then
   echo "---- the tests that run alone ----"
-  .venv/bin/pytest -m alone || status=1
+  .venv/bin/pytest -m alone 2>&1 | tee build/alone.log
+  [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
+fi
+if [ "$status" -ne 0 ]; then
+  # The last lines are what a CI log shows first: name every failed test there.
+  echo "---- what failed ----"
+  grep -HE "^(FAILED|ERROR) |^soak: (SAFETY|could not)|^nox > Session .* failed" build/main.log build/alone.log build/matrix-*.log \
+    build/soak-ci.log 2>/dev/null | cut -c1-300
 fi
 echo "---- whole suite took $((SECONDS - started)) s ----"
 exit "$status"
