@@ -26,6 +26,7 @@ import socket
 import threading
 import time
 import uuid
+import weakref
 from collections.abc import Hashable
 from dataclasses import dataclass
 from types import TracebackType
@@ -102,10 +103,12 @@ class RedisLock:
 
     Every hold gets a fresh owner token, so one instance shared by threads, or inherited by
     a forked child, still excludes: the others contend like any client, and the holding
-    thread re-acquiring gets ``LockError``. ``release()``, ``extend()``, ``fencing_token``
-    and ``lease_lost`` act on the calling thread's hold, or, from a thread that holds
-    none, on the one hold this instance has in this process (a lock taken in one thread
-    and released in another, as ``threading.Lock`` allows).
+    thread re-acquiring gets ``LockError``. ``release()``, ``extend()``, ``owned()``,
+    ``fencing_token`` and ``lease_lost`` act on the calling thread's hold, or, from a
+    thread that holds none, on the one hold this instance has in this process (a lock
+    taken in one thread and released in another, as ``threading.Lock`` allows) — except
+    in a thread whose last acquire on this instance failed: a contender never speaks for
+    the holder.
 
     ``token`` fixes the owner token instead: every instance and process using that token is
     one owner (threads of one instance still take turns); an instance with a fixed token can
@@ -190,6 +193,8 @@ class RedisLock:
         holds nothing its parent held."""
         self._pid = os.getpid()
         self._holds: dict[threading.Thread, _Hold] = {}
+        # Threads whose last acquire on this instance failed: contenders, never the holder.
+        self._contenders: weakref.WeakSet[threading.Thread] = weakref.WeakSet()
         self._reservation = threading.Lock()  # threads of one fixed-token owner take turns
         info = self._given_info
         if info is None:
@@ -217,12 +222,14 @@ class RedisLock:
             return self._holds.get(threading.current_thread())
 
     def _hold(self) -> _Hold | None:
-        """The calling thread's hold; else the only hold of this instance in this process."""
+        """The calling thread's hold; else the only hold of this instance in this process,
+        unless the calling thread has contended for it (its last acquire failed)."""
         with self._mutex:
             if self._pid != os.getpid():
                 self._start_process()
-            hold = self._holds.get(threading.current_thread())
-            if hold is None and len(self._holds) == 1:
+            me = threading.current_thread()
+            hold = self._holds.get(me)
+            if hold is None and len(self._holds) == 1 and me not in self._contenders:
                 hold = next(iter(self._holds.values()))
             return hold
 
@@ -295,10 +302,14 @@ class RedisLock:
         if hold is None:
             if reserved:
                 self._reservation.release()
+            if self._fixed_token is None:  # a fixed token is one owner, whichever thread
+                with self._mutex:
+                    self._contenders.add(threading.current_thread())
             return False
         hold.reserved = reserved
         with self._mutex:
             self._holds[hold.thread] = hold
+            self._contenders.discard(hold.thread)
         if self.auto_renew:
             renewer.schedule(self._lane(), self, hold, self.timeout / _RENEW_DIVISOR)
         return True

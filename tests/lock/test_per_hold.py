@@ -93,6 +93,38 @@ def test_release_from_another_thread_when_one_thread_holds(make_lock: Any) -> No
         lock.release()
 
 
+def test_a_thread_whose_acquire_failed_neither_owns_nor_releases(make_lock: Any) -> None:
+    """A thread that contended for an instance another thread holds (its acquire failed)
+    sees what any contender sees: not owned, no fencing token, nothing to release or
+    extend; the holder still holds it afterwards."""
+    lock = make_lock(timeout=10)
+    assert lock.acquire(blocking=False)
+    report: dict[str, Any] = {}
+
+    def contender() -> None:
+        report["acquired"] = lock.acquire(blocking=False)
+        report["owned"] = lock.owned()
+        report["fence"] = lock.fencing_token
+        report["lost"] = lock.lease_lost
+        for name, call in (("release", lock.release), ("extend", lock.extend)):
+            try:
+                call()
+                report[name] = "done"
+            except LockNotOwned:
+                report[name] = "not owned"
+
+    thread = threading.Thread(target=contender)
+    thread.start()
+    thread.join(15)
+    assert report == {
+        "acquired": False, "owned": False, "fence": None, "lost": False,
+        "release": "not owned", "extend": "not owned",
+    }  # fmt: skip
+    assert lock.owned()
+    lock.release()
+    assert not lock.locked()
+
+
 def _in_child(lock: RedisLock, out: Any) -> None:
     """Report what a forked child sees of the lock its parent holds."""
     report: dict[str, Any] = {
