@@ -107,8 +107,8 @@ class RedisLock:
     ``fencing_token`` and ``lease_lost`` act on the calling thread's hold, or, from a
     thread that holds none, on the one hold this instance has in this process (a lock
     taken in one thread and released in another, as ``threading.Lock`` allows) — except
-    in a thread whose last acquire on this instance failed: a contender never speaks for
-    the holder.
+    in a thread whose acquire failed against that very hold: a contender never speaks for
+    the holder it lost to.
 
     ``token`` fixes the owner token instead: every instance and process using that token is
     one owner (threads of one instance still take turns); an instance with a fixed token can
@@ -193,8 +193,11 @@ class RedisLock:
         holds nothing its parent held."""
         self._pid = os.getpid()
         self._holds: dict[threading.Thread, _Hold] = {}
-        # Threads whose last acquire on this instance failed: contenders, never the holder.
-        self._contenders: weakref.WeakSet[threading.Thread] = weakref.WeakSet()
+        # A thread whose last acquire failed while other threads held this instance: the
+        # holds it contended with, which it never speaks for.
+        self._contended: weakref.WeakKeyDictionary[threading.Thread, tuple[_Hold, ...]] = (
+            weakref.WeakKeyDictionary()
+        )
         self._reservation = threading.Lock()  # threads of one fixed-token owner take turns
         info = self._given_info
         if info is None:
@@ -223,14 +226,16 @@ class RedisLock:
 
     def _hold(self) -> _Hold | None:
         """The calling thread's hold; else the only hold of this instance in this process,
-        unless the calling thread has contended for it (its last acquire failed)."""
+        unless the calling thread contended with that very hold (its acquire failed)."""
         with self._mutex:
             if self._pid != os.getpid():
                 self._start_process()
             me = threading.current_thread()
             hold = self._holds.get(me)
-            if hold is None and len(self._holds) == 1 and me not in self._contenders:
+            if hold is None and len(self._holds) == 1:
                 hold = next(iter(self._holds.values()))
+                if hold in self._contended.get(me, ()):
+                    return None
             return hold
 
     def _end(self, hold: _Hold, *, keep_turn: bool = False) -> None:
@@ -304,12 +309,12 @@ class RedisLock:
                 self._reservation.release()
             if self._fixed_token is None:  # a fixed token is one owner, whichever thread
                 with self._mutex:
-                    self._contenders.add(threading.current_thread())
+                    self._contended[threading.current_thread()] = tuple(self._holds.values())
             return False
         hold.reserved = reserved
         with self._mutex:
             self._holds[hold.thread] = hold
-            self._contenders.discard(hold.thread)
+            self._contended.pop(hold.thread, None)
         if self.auto_renew:
             renewer.schedule(self._lane(), self, hold, self.timeout / _RENEW_DIVISOR)
         return True
