@@ -679,7 +679,7 @@ def requests_since(t0: int) -> dict[str, int]:
 def _csl_acquire_try() -> str:
     """How our ACQUIRE script shows in a ``TimedConnection`` log (EVALSHA of its SHA1)."""
     try:
-        from celery_singleton_lock import _scripts  # noqa: PLC0415
+        from celery_singleton_lock.engine import _scripts  # noqa: PLC0415
 
         return "EVALSHA:" + hashlib.sha1(_scripts.ACQUIRE.encode()).hexdigest()  # noqa: S324
     except Exception:  # the engine's layout changed: polls are then shown as "—"
@@ -1261,7 +1261,7 @@ def table_d(results: dict[str, list[Result]], na: dict[str, str]) -> Table:
 def _csl_script_names() -> dict[str, str]:
     """Our scripts' SHA1 -> name, to label EVALSHA requests."""
     try:
-        from celery_singleton_lock import _scripts  # noqa: PLC0415
+        from celery_singleton_lock.engine import _scripts  # noqa: PLC0415
     except Exception:
         return {}
     return {

@@ -11,6 +11,7 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 from celery_singleton_lock._version import __version__
+from celery_singleton_lock.engine.lock import Holder, RedisLock
 from celery_singleton_lock.exceptions import (
     LockBackendError,
     LockError,
@@ -19,11 +20,10 @@ from celery_singleton_lock.exceptions import (
     TaskLocked,
     TaskThrottled,
 )
-from celery_singleton_lock.lock import Holder, RedisLock
 
 if TYPE_CHECKING:
-    from celery_singleton_lock.admin import Skip, clear_locks, skip_info
     from celery_singleton_lock.integration import setup
+    from celery_singleton_lock.ops.admin import Skip, clear_locks, skip_info
     from celery_singleton_lock.task import LockedTask, current_lock
 
 __all__ = [
@@ -48,9 +48,9 @@ __all__ = [
 _LAZY = {
     "LockedTask": "celery_singleton_lock.task",
     "current_lock": "celery_singleton_lock.task",
-    "clear_locks": "celery_singleton_lock.admin",
-    "skip_info": "celery_singleton_lock.admin",
-    "Skip": "celery_singleton_lock.admin",
+    "clear_locks": "celery_singleton_lock.ops.admin",
+    "skip_info": "celery_singleton_lock.ops.admin",
+    "Skip": "celery_singleton_lock.ops.admin",
     "setup": "celery_singleton_lock.integration",
 }
 

@@ -22,12 +22,11 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from celery_singleton_lock import _mode_scripts
 from celery_singleton_lock import _observe as observe
-from celery_singleton_lock._redis import call
-from celery_singleton_lock._scripted import _Script
+from celery_singleton_lock.engine import RedisLock, _mode_scripts, companion_key
+from celery_singleton_lock.engine.scripted import _Script
+from celery_singleton_lock.engine.wire import call
 from celery_singleton_lock.exceptions import LockBackendError, LockNotOwned, TaskThrottled
-from celery_singleton_lock.lock import RedisLock, companion_key
 from celery_singleton_lock.options import parse_rate
 
 if TYPE_CHECKING:

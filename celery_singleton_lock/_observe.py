@@ -19,9 +19,9 @@ from typing import TYPE_CHECKING, Any
 
 from celery.utils.dispatch import Signal
 
-from celery_singleton_lock._redis import call
+from celery_singleton_lock.engine.lock import RedisLock
+from celery_singleton_lock.engine.wire import call
 from celery_singleton_lock.exceptions import LockBackendError
-from celery_singleton_lock.lock import RedisLock
 
 if TYPE_CHECKING:
     from celery_singleton_lock.options import LockOptions

@@ -17,7 +17,7 @@ import redis
 from redis.cluster import RedisCluster
 from redis.sentinel import Sentinel
 
-from celery_singleton_lock._redis import LockClient
+from celery_singleton_lock.engine.wire import LockClient
 
 __all__ = [
     "REDIS_URL_SCHEMES",

@@ -20,9 +20,9 @@ from typing import Any, NamedTuple
 
 from celery.exceptions import Ignore
 
-from celery_singleton_lock._redis import LockClient, call
-from celery_singleton_lock._scripted import _Script
-from celery_singleton_lock.lock import companion_key
+from celery_singleton_lock.engine.keyspace import companion_key
+from celery_singleton_lock.engine.scripted import _Script
+from celery_singleton_lock.engine.wire import LockClient, call
 
 __all__ = ["HEADER_DEBOUNCE", "Burst", "end_stale", "is_latest", "join"]
 

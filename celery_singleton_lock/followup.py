@@ -27,10 +27,10 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 from celery.exceptions import Ignore
 from kombu.serialization import dumps, loads
 
-from celery_singleton_lock._redis import call
-from celery_singleton_lock._scripted import _Script
-from celery_singleton_lock._scripts import _PARSE, GRACE_BASE_MS, GRACE_FRACTION
-from celery_singleton_lock.lock import RedisLock, companion_key
+from celery_singleton_lock.engine import RedisLock, companion_key
+from celery_singleton_lock.engine._scripts import _PARSE, GRACE_BASE_MS, GRACE_FRACTION
+from celery_singleton_lock.engine.scripted import _Script
+from celery_singleton_lock.engine.wire import call
 from celery_singleton_lock.options import LockOptions
 
 if TYPE_CHECKING:

@@ -42,9 +42,9 @@ from typing import Any
 import pytest
 from celery import Celery
 
-from celery_singleton_lock.admin import LockRow, delete_locks, prefix_pattern, read_locks
 from celery_singleton_lock.client import LockClient, client_from_url, redis_for
 from celery_singleton_lock.config import settings_for
+from celery_singleton_lock.ops.admin import LockRow, delete_locks, prefix_pattern, read_locks
 from celery_singleton_lock.testing import RedisServer
 
 __all__ = [

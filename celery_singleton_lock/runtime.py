@@ -35,12 +35,12 @@ from kombu.serialization import dumps, loads
 
 from celery_singleton_lock import _modes, debounce, followup
 from celery_singleton_lock import _observe as observe
-from celery_singleton_lock._redis import call
 from celery_singleton_lock.client import LockClient, redis_for
 from celery_singleton_lock.config import settings_for
+from celery_singleton_lock.engine import Holder, RedisLock, companion_key
+from celery_singleton_lock.engine.wire import call
 from celery_singleton_lock.exceptions import LockBackendError, LockNotOwned, TaskLocked
 from celery_singleton_lock.keys import check_lock_keys, task_lock_key
-from celery_singleton_lock.lock import Holder, RedisLock, companion_key
 from celery_singleton_lock.options import (
     FOLLOWUP_POLICIES,
     TASK_OPTION_PREFIX,

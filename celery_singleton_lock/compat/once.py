@@ -51,8 +51,8 @@ from celery_singleton_lock.compat._common import (
     unknown_names,
 )
 from celery_singleton_lock.config import settings_for
+from celery_singleton_lock.engine.lock import RedisLock
 from celery_singleton_lock.exceptions import LockBackendError, LockNotOwned, TaskLocked
-from celery_singleton_lock.lock import RedisLock
 from celery_singleton_lock.runtime import FOREIGN_ALLOWED, PUBLISH_WAIT_OPTION
 from celery_singleton_lock.task import LockedTask
 

@@ -33,7 +33,6 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from celery.exceptions import ImproperlyConfigured
 
-from celery_singleton_lock.admin import delete_locks, prefix_pattern, read_locks
 from celery_singleton_lock.client import redis_for
 from celery_singleton_lock.compat._common import (
     CompatTask,
@@ -45,6 +44,7 @@ from celery_singleton_lock.compat._common import (
 )
 from celery_singleton_lock.config import settings_for
 from celery_singleton_lock.exceptions import SingletonLockError, TaskLocked
+from celery_singleton_lock.ops.admin import delete_locks, prefix_pattern, read_locks
 from celery_singleton_lock.runtime import FOREIGN_ALLOWED
 
 if TYPE_CHECKING:

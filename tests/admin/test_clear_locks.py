@@ -12,7 +12,7 @@ import redis
 from celery import Celery
 
 from celery_singleton_lock import RedisLock, clear_locks
-from celery_singleton_lock.lock import companion_key
+from celery_singleton_lock.engine.keyspace import companion_key
 from celery_singleton_lock.testing import RedisServer
 
 

@@ -13,9 +13,9 @@ from typing import Any
 import redis
 
 from celery_singleton_lock import RedisLock
-from celery_singleton_lock._protocol import SIGNAL_TTL_MS
+from celery_singleton_lock.engine.keyspace import companion_key
+from celery_singleton_lock.engine.protocol import SIGNAL_TTL_MS
 from celery_singleton_lock.keys import task_lock_key
-from celery_singleton_lock.lock import companion_key
 from celery_singleton_lock.testing import RedisServer, free_port
 from tests.cli import cliproj
 from tests.cli.conftest import Run

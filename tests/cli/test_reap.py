@@ -11,7 +11,7 @@ from typing import Any
 import redis
 
 from celery_singleton_lock import RedisLock
-from celery_singleton_lock.lock import companion_key
+from celery_singleton_lock.engine.keyspace import companion_key
 from tests.cli.conftest import Run
 from tests.cli.test_cli import TASK, buy_key, hold
 

@@ -41,8 +41,8 @@ from redis.exceptions import RedisClusterException
 from benchmarks.sentinel import SentinelGroup
 from celery_singleton_lock import LockError, RedisLock
 from celery_singleton_lock.client import client_from_url
+from celery_singleton_lock.engine.keyspace import companion_key
 from celery_singleton_lock.exceptions import LockBackendError
-from celery_singleton_lock.lock import companion_key
 from tests.deploy.conftest import Cluster, TlsRedisServer, wait_until
 from tests.lock.hammer import run_hammer
 
@@ -457,7 +457,7 @@ def test_celery_side_reaches_a_cluster_through_its_url(
     from celery import Celery  # noqa: PLC0415 - only this test needs Celery
 
     from celery_singleton_lock import LockedTask, current_lock  # noqa: PLC0415
-    from celery_singleton_lock.cli import read_locks  # noqa: PLC0415
+    from celery_singleton_lock.ops.cli import read_locks  # noqa: PLC0415
 
     app = Celery("clustered", broker="memory://", set_as_current=False)
     app.conf.update(

@@ -21,7 +21,7 @@ from redis.cluster import RedisCluster
 from redis.crc import key_slot
 
 from celery_singleton_lock import LockBackendError, RedisLock
-from celery_singleton_lock.lock import companion_key
+from celery_singleton_lock.engine.keyspace import companion_key
 from tests.deploy.conftest import Cluster
 
 pytestmark = pytest.mark.slow

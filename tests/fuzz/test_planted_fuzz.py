@@ -24,7 +24,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from celery_singleton_lock import LockError, RedisLock
-from celery_singleton_lock.lock import companion_key
+from celery_singleton_lock.engine.keyspace import companion_key
 from celery_singleton_lock.testing import RedisServer
 
 MODES = [pytest.param(True, id="scripting"), pytest.param(False, id="plain")]

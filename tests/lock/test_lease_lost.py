@@ -13,8 +13,8 @@ from typing import Any, ClassVar
 import redis
 
 from celery_singleton_lock import RedisLock
-from celery_singleton_lock._protocol import Protocol
-from celery_singleton_lock._scripted import ScriptedProtocol
+from celery_singleton_lock.engine.protocol import Protocol
+from celery_singleton_lock.engine.scripted import ScriptedProtocol
 from celery_singleton_lock.testing import RedisServer
 from tests.worker.conftest import wait_for
 

@@ -13,8 +13,8 @@ import pytest
 import redis
 
 from celery_singleton_lock import LockError, LockNotOwned, RedisLock
-from celery_singleton_lock._protocol import Protocol
-from celery_singleton_lock._scripted import ScriptedProtocol
+from celery_singleton_lock.engine.protocol import Protocol
+from celery_singleton_lock.engine.scripted import ScriptedProtocol
 
 
 def test_threads_sharing_one_instance_lose_no_update(

@@ -8,8 +8,8 @@ from typing import Any
 import redis
 
 from celery_singleton_lock import RedisLock
-from celery_singleton_lock._plain import PlainProtocol
-from celery_singleton_lock._value import format_value
+from celery_singleton_lock.engine.plain import PlainProtocol
+from celery_singleton_lock.engine.value import format_value
 
 
 class Stepping(PlainProtocol):

@@ -11,7 +11,7 @@ import pytest
 import redis
 
 from celery_singleton_lock import RedisLock
-from celery_singleton_lock._renewer import renewer
+from celery_singleton_lock.engine.renewal import renewer
 from celery_singleton_lock.testing import RedisServer
 
 #: How long the 10,000-lock test holds its locks (seconds); raise it to soak longer.

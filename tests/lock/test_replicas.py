@@ -19,7 +19,7 @@ import pytest
 import redis
 
 from celery_singleton_lock import LockBackendError, LockError, RedisLock
-from celery_singleton_lock._redis import wait_for_replicas
+from celery_singleton_lock.engine.wire import wait_for_replicas
 from celery_singleton_lock.testing import FaultProxy, RedisServer
 
 pytestmark = pytest.mark.slow

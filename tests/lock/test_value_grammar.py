@@ -11,8 +11,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from celery_singleton_lock import LockError, RedisLock
-from celery_singleton_lock._scripts import _PARSE
-from celery_singleton_lock._value import MAX_EXACT, parse_value
+from celery_singleton_lock.engine._scripts import _PARSE
+from celery_singleton_lock.engine.value import MAX_EXACT, parse_value
 from celery_singleton_lock.testing import RedisServer
 
 VERDICT = (

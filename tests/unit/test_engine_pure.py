@@ -10,9 +10,9 @@ from hypothesis import strategies as st
 from redis.crc import key_slot
 
 from celery_singleton_lock import LockBackendError, LockError, LockNotOwned, TaskLocked
-from celery_singleton_lock._value import MAX_EXACT, format_value, parse_value
+from celery_singleton_lock.engine.keyspace import companion_key
+from celery_singleton_lock.engine.value import MAX_EXACT, format_value, parse_value
 from celery_singleton_lock.exceptions import SingletonLockError
-from celery_singleton_lock.lock import companion_key
 
 
 @given(st.binary(max_size=200))

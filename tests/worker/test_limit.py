@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 import redis
 
-from celery_singleton_lock.lock import companion_key
+from celery_singleton_lock.engine.keyspace import companion_key
 from tests.worker.conftest import wait_for
 
 pytestmark = pytest.mark.slow

@@ -11,8 +11,8 @@ from typing import Any
 import pytest
 import redis
 
-from celery_singleton_lock._redis import socket_timeout
 from celery_singleton_lock.client import DEFAULT_SOCKET_TIMEOUT, client_from_url
+from celery_singleton_lock.engine.wire import socket_timeout
 from celery_singleton_lock.testing import RedisServer, free_port
 from tests.worker.conftest import wait_for
 

@@ -18,12 +18,12 @@ import redis
 from celery._state import get_current_app
 
 from celery_singleton_lock._observe import skip_record_key
-from celery_singleton_lock._protocol import SIGNAL_TTL_MS
-from celery_singleton_lock._redis import LockClient, server_time
-from celery_singleton_lock._value import Holder, LockValue, parse_value
 from celery_singleton_lock.client import redis_for
 from celery_singleton_lock.config import settings_for
-from celery_singleton_lock.lock import companion_key
+from celery_singleton_lock.engine.keyspace import companion_key
+from celery_singleton_lock.engine.protocol import SIGNAL_TTL_MS
+from celery_singleton_lock.engine.value import Holder, LockValue, parse_value
+from celery_singleton_lock.engine.wire import LockClient, server_time
 
 if TYPE_CHECKING:
     from celery import Celery

@@ -8,9 +8,9 @@ from typing import Any, cast
 
 import redis
 
-from celery_singleton_lock import _scripts
-from celery_singleton_lock._protocol import Attempt, Protocol
-from celery_singleton_lock._redis import LockClient, backend_error, call
+from celery_singleton_lock.engine import _scripts
+from celery_singleton_lock.engine.protocol import Attempt, Protocol
+from celery_singleton_lock.engine.wire import LockClient, backend_error, call
 from celery_singleton_lock.exceptions import LockBackendError
 
 __all__ = ["ScriptedProtocol", "extend_all"]

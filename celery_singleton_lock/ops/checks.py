@@ -20,11 +20,11 @@ from typing import TYPE_CHECKING, Any, cast
 
 import redis
 
-from celery_singleton_lock import _scripts
-from celery_singleton_lock._redis import LockClient
 from celery_singleton_lock.client import mask_url, redis_for
 from celery_singleton_lock.config import settings_for
-from celery_singleton_lock.lock import companion_key
+from celery_singleton_lock.engine import _scripts
+from celery_singleton_lock.engine.keyspace import companion_key
+from celery_singleton_lock.engine.wire import LockClient
 
 if TYPE_CHECKING:
     from celery import Celery

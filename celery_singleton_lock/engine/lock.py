@@ -3,7 +3,7 @@
 The key's value says until when the lock is held (Redis server milliseconds), who holds
 it (an owner token) and with which fencing token. Acquire is SETNX, else take over an
 expired value; release and extend act only for the owner. How each step reaches Redis is
-a :class:`~celery_singleton_lock._protocol.Protocol`: Lua scripts by default, the classic
+a :class:`~celery_singleton_lock.engine.protocol.Protocol`: Lua scripts by default, the classic
 plain commands with ``scripting=False``.
 
 Ownership belongs to one *hold* (one successful acquire), never to the object: each hold
@@ -35,23 +35,24 @@ from typing import Any, ClassVar, cast
 import redis
 from redis.cluster import RedisCluster
 
-from celery_singleton_lock._plain import PlainProtocol
-from celery_singleton_lock._protocol import Grant, Protocol, companion_key
-from celery_singleton_lock._redis import (
+from celery_singleton_lock.engine.keyspace import SIGNAL, SLOT, SYNC, companion_key
+from celery_singleton_lock.engine.plain import PlainProtocol
+from celery_singleton_lock.engine.protocol import Grant, Protocol
+from celery_singleton_lock.engine.renewal import renewer
+from celery_singleton_lock.engine.scripted import ScriptedProtocol, extend_all
+from celery_singleton_lock.engine.value import Holder, LockValue, parse_value
+from celery_singleton_lock.engine.wire import (
     LockClient,
     call,
     socket_timeout,
     time_reply,
     wait_for_replicas,
 )
-from celery_singleton_lock._renewer import renewer
-from celery_singleton_lock._scripted import ScriptedProtocol, extend_all
-from celery_singleton_lock._value import Holder, LockValue, parse_value
 from celery_singleton_lock.exceptions import LockBackendError, LockError, LockNotOwned
 
-__all__ = ["Holder", "RedisLock", "companion_key"]
+__all__ = ["Holder", "RedisLock"]
 
-log = logging.getLogger("celery_singleton_lock.lock")
+log = logging.getLogger("celery_singleton_lock.engine.lock")
 
 #: Added to a holder's remaining lease before trying again, so we arrive just after it ends.
 _MIN_WAIT = 0.001
@@ -182,7 +183,7 @@ class RedisLock:
         self.group = group or ""
         self.replicas = replicas
         self.replicas_timeout = float(replicas_timeout)
-        self.signal_key = companion_key(name, "signal")
+        self.signal_key = companion_key(name, SIGNAL)
         self._fixed_token = token
         self._given_info = holder_info
         self._mutex = threading.Lock()  # guards _holds (the renewer thread reads holds too)
@@ -468,7 +469,7 @@ class RedisLock:
     def slot_keys(self) -> list[str]:
         """The keys of this lock's slots: the lock key, then ``<base>slot:<i>``."""
         return [self.name] + [
-            companion_key(self.name, f"slot:{i}") for i in range(2, self.limit + 1)
+            companion_key(self.name, f"{SLOT}{i}") for i in range(2, self.limit + 1)
         ]
 
     def _slot_of(self, token: str) -> str | None:
@@ -512,7 +513,7 @@ class RedisLock:
         LockBackendError when fewer do within ``replicas_timeout``."""
         acked = call(
             self.name, wait_for_replicas, self.client, self.name,
-            companion_key(self.name, "sync"), self.replicas, self._replicas_timeout_ms,
+            companion_key(self.name, SYNC), self.replicas, self._replicas_timeout_ms,
         )  # fmt: skip
         if acked < self.replicas:
             raise LockBackendError(

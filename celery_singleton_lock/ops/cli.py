@@ -36,8 +36,10 @@ from celery_singleton_lock import _observe as observe
 # Celery loads every ``celery.commands`` entry point for any sub-command, so importing
 # ``integration`` here wires config-locked tasks in ``celery worker``/``beat`` processes.
 from celery_singleton_lock import integration  # noqa: F401
-from celery_singleton_lock._redis import LockClient, server_time
-from celery_singleton_lock.admin import (
+from celery_singleton_lock.client import mask_url, redis_for
+from celery_singleton_lock.config import settings_for
+from celery_singleton_lock.engine.wire import LockClient, server_time
+from celery_singleton_lock.ops.admin import (
     HEADINGS,
     LockRow,
     clear_locks,
@@ -47,11 +49,9 @@ from celery_singleton_lock.admin import (
     prefix_pattern,
     read_locks,
 )
-from celery_singleton_lock.checks import FAIL, OK, WARN, Report, run_checks
-from celery_singleton_lock.client import mask_url, redis_for
-from celery_singleton_lock.config import settings_for
+from celery_singleton_lock.ops.checks import FAIL, OK, WARN, Report, run_checks
+from celery_singleton_lock.ops.reconcile import LockState, lock_states, reap
 from celery_singleton_lock.options import Settings
-from celery_singleton_lock.reconcile import LockState, lock_states, reap
 from celery_singleton_lock.runtime import locking_for
 
 if TYPE_CHECKING:

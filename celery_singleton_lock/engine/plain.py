@@ -23,10 +23,10 @@ from typing import Any
 
 import redis
 
-from celery_singleton_lock._protocol import SIGNAL_TTL_MS, Attempt, Protocol, grace_ms
-from celery_singleton_lock._redis import at_maxmemory, backend_error, call
-from celery_singleton_lock._scripts import WAITER_SLACK_MS
-from celery_singleton_lock._value import MAX_EXACT, LockValue, format_value, parse_value
+from celery_singleton_lock.engine._scripts import WAITER_SLACK_MS
+from celery_singleton_lock.engine.protocol import SIGNAL_TTL_MS, Attempt, Protocol, grace_ms
+from celery_singleton_lock.engine.value import MAX_EXACT, LockValue, format_value, parse_value
+from celery_singleton_lock.engine.wire import at_maxmemory, backend_error, call
 from celery_singleton_lock.exceptions import LockBackendError, LockError
 
 __all__ = ["PlainProtocol"]

@@ -1,9 +1,9 @@
 """The seam between ``RedisLock`` and the wire: one small interface, two protocols.
 
 ``RedisLock`` decides *when* to acquire, wait, extend and release; a :class:`Protocol` makes
-the single round trip (or the WATCH transaction) that does it. ``_scripted`` runs the Lua
-scripts of ``_scripts``; ``_plain`` runs the classic SETNX / GET / GETSET commands for
-servers where EVAL is disabled. Both write and read the same value (``_value``), so locks of
+the single round trip (or the WATCH transaction) that does it. ``scripted`` runs the Lua
+scripts of ``scripts``; ``plain`` runs the classic SETNX / GET / GETSET commands for
+servers where EVAL is disabled. Both write and read the same value (``value``), so locks of
 either mode exclude each other.
 """
 
@@ -12,8 +12,9 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from typing import NamedTuple, cast
 
-from celery_singleton_lock._redis import LockClient, call, server_time
-from celery_singleton_lock._scripts import GRACE_BASE_MS, GRACE_FRACTION, SIGNAL_TTL_MS
+from celery_singleton_lock.engine._scripts import GRACE_BASE_MS, GRACE_FRACTION, SIGNAL_TTL_MS
+from celery_singleton_lock.engine.keyspace import GRANT, QUEUE, WAITER, companion_key
+from celery_singleton_lock.engine.wire import LockClient, call, server_time
 
 __all__ = [
     "GRACE_BASE_MS",
@@ -22,29 +23,9 @@ __all__ = [
     "Attempt",
     "Grant",
     "Protocol",
-    "companion_key",
     "grace_ms",
     "parse_grant",
 ]
-
-
-def companion_key(name: str, suffix: str) -> str:
-    """A key that lives in the same Redis Cluster hash slot as ``name``.
-
-    When ``name`` has a hash tag (``{...}``) the suffix is simply appended; otherwise the
-    whole name becomes the tag. A name with a ``}`` but no valid tag cannot be co-located.
-    """
-    start = name.find("{")
-    if start != -1:
-        end = name.find("}", start + 1)
-        if end > start + 1:
-            return f"{name}:{suffix}"
-    if "}" in name:
-        raise ValueError(
-            f"lock name {name!r} contains '}}' without a hash tag; wrap the part that "
-            "identifies the lock in braces, e.g. 'orders:{sku-42}'"
-        )
-    return f"{{{name}}}:{suffix}"
 
 
 class Grant(NamedTuple):
@@ -93,9 +74,9 @@ class Protocol(ABC):
         self.limit = limit
         self.group = group
         # The waiters' queue (see ``_scripts``), in the lock's hash slot.
-        self.queue_key = companion_key(name, "queue")
-        self.waiter_prefix = companion_key(name, "waiter:")
-        self.grant_prefix = companion_key(name, "grant:")
+        self.queue_key = companion_key(name, QUEUE)
+        self.waiter_prefix = companion_key(name, WAITER)
+        self.grant_prefix = companion_key(name, GRANT)
 
     def waiter_key(self, token: str) -> str:
         """Where queued waiter ``token`` says it is still waiting (while the key lives)."""

@@ -16,7 +16,7 @@ sets the set's TTL to one window and a second, so an idle key's set vanishes by 
 
 from __future__ import annotations
 
-from celery_singleton_lock._scripts import GRACE_BASE_MS, GRACE_FRACTION
+from celery_singleton_lock.engine._scripts import GRACE_BASE_MS, GRACE_FRACTION
 
 __all__ = ["HOLD", "STARTS_SUFFIX", "STARTS_TTL_SLACK_MS", "THROTTLE"]
 

@@ -23,10 +23,10 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, cast
 
-from celery_singleton_lock._redis import LockClient
-from celery_singleton_lock._value import parse_value
-from celery_singleton_lock.admin import LockRow, decode_key, lock_row, scan_values
-from celery_singleton_lock.lock import RedisLock, companion_key
+from celery_singleton_lock.engine import RedisLock, companion_key
+from celery_singleton_lock.engine.value import parse_value
+from celery_singleton_lock.engine.wire import LockClient
+from celery_singleton_lock.ops.admin import LockRow, decode_key, lock_row, scan_values
 
 if TYPE_CHECKING:
     from celery import Celery

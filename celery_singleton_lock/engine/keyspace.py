@@ -1,0 +1,95 @@
+"""Every Redis key a lock uses besides its own name, in one place.
+
+A lock named ``name`` keeps its companions in the same Redis Cluster hash slot, under the
+*base* ``{name}:`` (or ``name:`` when ``name`` already carries a hash tag), so one script can
+touch them all. The suffixes below are the only spellings; the Lua scripts get them from
+here when they are rendered (see :mod:`.scripts`). This module imports nothing but the
+standard library.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "DEBOUNCE",
+    "DONE",
+    "FENCE",
+    "GRANT",
+    "PENDING",
+    "QUEUE",
+    "SIGNAL",
+    "SLOT",
+    "STARTS",
+    "SUFFIXES",
+    "SUPERSEDED",
+    "SYNC",
+    "WAITER",
+    "base_key",
+    "companion_key",
+    "split_key",
+]
+
+#: The waiters' wake-up list (a release pushes onto it).
+SIGNAL = "signal"
+#: The waiters' queue: a sorted set of owner tokens, oldest first.
+QUEUE = "queue"
+#: ``waiter:<token>``: a queued waiter says it still waits (lease and holder info).
+WAITER = "waiter:"
+#: ``grant:<token>``: the list a release pushes onto when it hands the lock to that waiter.
+GRANT = "grant:"
+#: ``slot:<i>``: slot ``i`` >= 2 of a lock with several slots (slot 1 is the lock key).
+SLOT = "slot:"
+#: The highest fencing token issued across a lock's slots.
+FENCE = "fence"
+#: The marker written before ``WAIT`` for replicas.
+SYNC = "sync"
+#: The task id of the last queue-scope run of the key that finished.
+DONE = "done"
+#: The pending follow-up of a key (coalesce, replace): a hash.
+PENDING = "pending"
+#: ``superseded:<task id>``: that queued call was superseded by the task id stored there.
+SUPERSEDED = "superseded:"
+#: A key's debounce burst: a hash.
+DEBOUNCE = "debounce"
+#: A key's recent starts (``lock_rate_limit``): a sorted set scored by server ms.
+STARTS = "starts"
+
+#: Every suffix, by the name the Lua scripts know it under (``K_<NAME>``).
+SUFFIXES = {
+    "SIGNAL": SIGNAL, "QUEUE": QUEUE, "WAITER": WAITER, "GRANT": GRANT, "SLOT": SLOT,
+    "FENCE": FENCE, "SYNC": SYNC, "DONE": DONE, "PENDING": PENDING,
+    "SUPERSEDED": SUPERSEDED, "DEBOUNCE": DEBOUNCE, "STARTS": STARTS,
+}  # fmt: skip
+
+
+def base_key(name: str) -> str:
+    """The prefix of every companion of lock ``name``: ``{name}:``, or ``name:`` when
+    ``name`` has a hash tag of its own (``{...}`` with something inside).
+
+    A name with a ``}`` but no valid tag cannot be co-located: ``ValueError``.
+    """
+    start = name.find("{")
+    if start != -1:
+        end = name.find("}", start + 1)
+        if end > start + 1:
+            return f"{name}:"
+    if "}" in name:
+        raise ValueError(
+            f"lock name {name!r} contains '}}' without a hash tag; wrap the part that "
+            "identifies the lock in braces, e.g. 'orders:{sku-42}'"
+        )
+    return f"{{{name}}}:"
+
+
+def companion_key(name: str, suffix: str) -> str:
+    """A key that lives in the same Redis Cluster hash slot as lock ``name``."""
+    return base_key(name) + suffix
+
+
+def split_key(key: str) -> tuple[str, str]:
+    """``(lock key, suffix)`` of a key read back from Redis, for locks whose name carries a
+    hash tag (as every task's key does: ``prefix:task:{digest}``): a lock key has suffix
+    ``""``; ``prefix:task:{digest}:slot:2`` gives the lock key and ``"slot:2"``."""
+    close = key.find("}")
+    if close != -1 and key.startswith(":", close + 1):
+        return key[: close + 1], key[close + 2 :]
+    return key, ""
