@@ -19,7 +19,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import dataclasses
-import hashlib
 import json
 import math
 import multiprocessing as mp
@@ -679,9 +678,9 @@ def requests_since(t0: int) -> dict[str, int]:
 def _csl_acquire_try() -> str:
     """How our ACQUIRE script shows in a ``TimedConnection`` log (EVALSHA of its SHA1)."""
     try:
-        from celery_singleton_lock.engine import _scripts  # noqa: PLC0415
+        from celery_singleton_lock.engine.scripts import SCRIPTS  # noqa: PLC0415
 
-        return "EVALSHA:" + hashlib.sha1(_scripts.ACQUIRE.encode()).hexdigest()  # noqa: S324
+        return "EVALSHA:" + SCRIPTS["acquire"].sha
     except Exception:  # the engine's layout changed: polls are then shown as "—"
         return "EVALSHA:?"
 
@@ -1261,14 +1260,10 @@ def table_d(results: dict[str, list[Result]], na: dict[str, str]) -> Table:
 def _csl_script_names() -> dict[str, str]:
     """Our scripts' SHA1 -> name, to label EVALSHA requests."""
     try:
-        from celery_singleton_lock.engine import _scripts  # noqa: PLC0415
+        from celery_singleton_lock.engine.scripts import SCRIPTS  # noqa: PLC0415
     except Exception:
         return {}
-    return {
-        hashlib.sha1(source.encode()).hexdigest(): name  # noqa: S324 - Redis names scripts by SHA1
-        for name, source in (("ACQUIRE", _scripts.ACQUIRE), ("RELEASE", _scripts.RELEASE),
-                             ("EXTEND", _scripts.EXTEND))
-    }  # fmt: skip
+    return {script.sha: name.upper() for name, script in SCRIPTS.items()}
 
 
 def request_label(request: str, names: dict[str, str]) -> str:

@@ -145,9 +145,12 @@ class RunLock(RedisLock):
         self.renewals += 1
         if self.task is not None:
             _send(
-                lock_renewed, self.task, key=self.name, task_id=self.task_id,
+                lock_renewed,
+                self.task,
+                key=self.name,
+                task_id=self.task_id,
                 fencing_token=self.held_token,
-            )  # fmt: skip
+            )
 
 
 def _send(signal: Signal, task: Any, **named: Any) -> None:
@@ -171,9 +174,15 @@ def acquired(
         lock.renewals = 0
         lock.task, lock.task_id = task, task_id
     _send(
-        lock_acquired, task, key=lock.name, task_id=task_id, fencing_token=lock.fencing_token,
-        waited=max(0.0, now - started), policy=options.on_conflict, scope=options.scope,
-    )  # fmt: skip
+        lock_acquired,
+        task,
+        key=lock.name,
+        task_id=task_id,
+        fencing_token=lock.fencing_token,
+        waited=max(0.0, now - started),
+        policy=options.on_conflict,
+        scope=options.scope,
+    )
 
 
 def conflict(
@@ -197,9 +206,14 @@ def conflict(
             holder = None
         holder_task_id = holder.task_id if holder is not None else None
     _send(
-        lock_conflict, task, key=key, task_id=task_id, holder_task_id=holder_task_id,
-        policy=policy, scope=scope,
-    )  # fmt: skip
+        lock_conflict,
+        task,
+        key=key,
+        task_id=task_id,
+        holder_task_id=holder_task_id,
+        policy=policy,
+        scope=scope,
+    )
 
 
 def _held(lock: RedisLock) -> tuple[float | None, int | None, int]:
@@ -218,13 +232,23 @@ def lost(task: Any, lock: RedisLock, task_id: str, options: LockOptions) -> None
     held, token, renewals = _held(lock)
     log.warning(
         "%s[%s]: the lease of lock %s was lost while the task ran (fencing token %s); "
-        "another run may have held it meanwhile", getattr(task, "name", task), task_id,
-        lock.name, token,
-    )  # fmt: skip
+        "another run may have held it meanwhile",
+        getattr(task, "name", task),
+        task_id,
+        lock.name,
+        token,
+    )
     _send(
-        lock_lost, task, key=lock.name, task_id=task_id, fencing_token=token, held=held,
-        renewals=renewals, policy=options.on_conflict, scope=options.scope,
-    )  # fmt: skip
+        lock_lost,
+        task,
+        key=lock.name,
+        task_id=task_id,
+        fencing_token=token,
+        held=held,
+        renewals=renewals,
+        policy=options.on_conflict,
+        scope=options.scope,
+    )
 
 
 def released(
@@ -242,10 +266,18 @@ def released(
         return
     held, token, renewals = _held(lock)
     _send(
-        lock_released, task, key=lock.name, task_id=task_id, fencing_token=token, held=held,
-        renewals=renewals, state=state, policy=options.on_conflict, scope=options.scope,
+        lock_released,
+        task,
+        key=lock.name,
+        task_id=task_id,
+        fencing_token=token,
+        held=held,
+        renewals=renewals,
+        state=state,
+        policy=options.on_conflict,
+        scope=options.scope,
         hold=hold,
-    )  # fmt: skip
+    )
 
 
 def skip_record_key(prefix: str, task_id: str) -> str:
@@ -279,14 +311,20 @@ def skipped(
     run skipped because its key was throttled (``reason="throttled"``) is recorded the
     same way; its event is ``task-lock-throttled``, sent by :func:`throttled`."""
     record = {
-        "key": key, "holder_task_id": holder_task_id, "task": task.name, "at": time.time(),
+        "key": key,
+        "holder_task_id": holder_task_id,
+        "task": task.name,
+        "at": time.time(),
         "reason": reason,
-    }  # fmt: skip
+    }
     try:
         call(
-            key, client.set, skip_record_key(prefix, task_id),
-            json.dumps(record, sort_keys=True), px=max(1, int(_record_ttl(task.app) * 1000)),
-        )  # fmt: skip
+            key,
+            client.set,
+            skip_record_key(prefix, task_id),
+            json.dumps(record, sort_keys=True),
+            px=max(1, int(_record_ttl(task.app) * 1000)),
+        )
     except LockBackendError as exc:
         log.warning("%s[%s]: could not record the skip: %s", task.name, task_id, exc)
     if reason == "held":
@@ -318,13 +356,24 @@ def throttled(
     """The run ``task_id`` did not start: ``key`` used up its start rate. Log it, send
     ``lock_throttled`` and, from a worker, the ``task-lock-throttled`` event."""
     log.info(
-        "%s[%s] throttled: %s used up %s; next free start in %.3f s (%s)", task.name, task_id,
-        key, rate, retry_in, policy,
-    )  # fmt: skip
+        "%s[%s] throttled: %s used up %s; next free start in %.3f s (%s)",
+        task.name,
+        task_id,
+        key,
+        rate,
+        retry_in,
+        policy,
+    )
     _send(
-        lock_throttled, task, key=key, task_id=task_id, policy=policy, scope=scope, rate=rate,
+        lock_throttled,
+        task,
+        key=key,
+        task_id=task_id,
+        policy=policy,
+        scope=scope,
+        rate=rate,
         retry_in=retry_in,
-    )  # fmt: skip
+    )
     _event(task, task_id, THROTTLED_EVENT, key=key, policy=policy, rate=rate, retry_in=retry_in)
 
 

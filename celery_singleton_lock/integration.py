@@ -78,10 +78,13 @@ def preflight(app: Celery) -> None:
     locked = [task.name for task in app.tasks.values() if runtime.locking_for(task) is not None]
     origin = settings.url_origin
     log.info(
-        "singleton locks: %d locked task(s) on %s (%s)", len(locked), mask_url(settings.url),
-        "from " + origin if origin != "default" else "the default: no Redis broker, backend "
-        "or singleton_lock_url",
-    )  # fmt: skip
+        "singleton locks: %d locked task(s) on %s (%s)",
+        len(locked),
+        mask_url(settings.url),
+        "from " + origin
+        if origin != "default"
+        else "the default: no Redis broker, backend or singleton_lock_url",
+    )
     if origin == "default":
         log.warning(
             "singleton locks: no singleton_lock_url is set and neither the broker nor the "
@@ -95,8 +98,9 @@ def preflight(app: Celery) -> None:
             log.error(
                 "singleton locks: the lock Redis at %s is unreachable (%s); locked tasks will "
                 "retry until it answers. Set singleton_lock_url if this is the wrong server.",
-                mask_url(settings.url), exc,
-            )  # fmt: skip
+                mask_url(settings.url),
+                exc,
+            )
 
 
 class Preflight(bootsteps.Step):

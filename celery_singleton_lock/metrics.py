@@ -96,51 +96,77 @@ class LockMetrics:
         """Register every metric in ``registry``."""
         return cls(
             acquired=Counter(
-                f"{PREFIX}_acquired", "Task runs that took their singleton lock.",
-                ["task", "scope"], registry=registry,
+                f"{PREFIX}_acquired",
+                "Task runs that took their singleton lock.",
+                ["task", "scope"],
+                registry=registry,
             ),
             conflicts=Counter(
-                f"{PREFIX}_conflicts", "Task runs (or queue-scope publishes) that found their "
-                "lock held, by the policy applied.", ["task", "policy"], registry=registry,
+                f"{PREFIX}_conflicts",
+                "Task runs (or queue-scope publishes) that found their "
+                "lock held, by the policy applied.",
+                ["task", "policy"],
+                registry=registry,
             ),
             wait=Histogram(
-                f"{PREFIX}_wait_seconds", "Seconds from a run's first try to holding its lock.",
-                ["task"], buckets=WAIT_BUCKETS, registry=registry,
+                f"{PREFIX}_wait_seconds",
+                "Seconds from a run's first try to holding its lock.",
+                ["task"],
+                buckets=WAIT_BUCKETS,
+                registry=registry,
             ),
             held=Histogram(
-                f"{PREFIX}_held_seconds", "Seconds a run held its lock, counted at release.",
-                ["task"], buckets=HELD_BUCKETS, registry=registry,
+                f"{PREFIX}_held_seconds",
+                "Seconds a run held its lock, counted at release.",
+                ["task"],
+                buckets=HELD_BUCKETS,
+                registry=registry,
             ),
             lost=Counter(
-                f"{PREFIX}_lost", "Leases lost while the task body ran.", ["task"],
+                f"{PREFIX}_lost",
+                "Leases lost while the task body ran.",
+                ["task"],
                 registry=registry,
             ),
             renewals=Counter(
-                f"{PREFIX}_renewals", "Lease extensions while a run held its lock.", ["task"],
+                f"{PREFIX}_renewals",
+                "Lease extensions while a run held its lock.",
+                ["task"],
                 registry=registry,
             ),
             throttled=Counter(
-                f"{PREFIX}_throttled", "Task runs that did not start because their key used "
-                "up its lock_rate_limit, by the policy applied.", ["task", "policy"],
+                f"{PREFIX}_throttled",
+                "Task runs that did not start because their key used "
+                "up its lock_rate_limit, by the policy applied.",
+                ["task", "policy"],
                 registry=registry,
             ),
             coalesced=Counter(
-                f"{PREFIX}_coalesced", "Calls that became (or updated) a pending follow-up "
-                "instead of being published.", ["task"], registry=registry,
+                f"{PREFIX}_coalesced",
+                "Calls that became (or updated) a pending follow-up instead of being published.",
+                ["task"],
+                registry=registry,
             ),
             superseded=Counter(
-                f"{PREFIX}_superseded", "Queued calls superseded by a newer one (replace).",
-                ["task"], registry=registry,
+                f"{PREFIX}_superseded",
+                "Queued calls superseded by a newer one (replace).",
+                ["task"],
+                registry=registry,
             ),
             debounced=Counter(
-                f"{PREFIX}_debounced", "Debounced messages that ended without running: a "
-                "later call of their burst runs instead.", ["task"], registry=registry,
+                f"{PREFIX}_debounced",
+                "Debounced messages that ended without running: a "
+                "later call of their burst runs instead.",
+                ["task"],
+                registry=registry,
             ),
             reaped=Counter(
-                f"{PREFIX}_reaped", "Holds freed by `celery locks reap` (holder proven gone).",
-                ["task"], registry=registry,
+                f"{PREFIX}_reaped",
+                "Holds freed by `celery locks reap` (holder proven gone).",
+                ["task"],
+                registry=registry,
             ),
-        )  # fmt: skip
+        )
 
 
 _guard = threading.Lock()

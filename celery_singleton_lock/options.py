@@ -29,11 +29,10 @@ from celery.exceptions import ImproperlyConfigured
 from celery_singleton_lock.client import mask_url, url_error
 
 __all__ = [
-    "COMBINATIONS",
     "CONFLICT_POLICIES",
-    "FOLLOWUP_POLICIES",
     "MAX_RATE_STARTS",
     "MIN_TIMEOUT",
+    "OPTION_RULES",
     "RATE_UNITS",
     "RELEASES",
     "SCOPES",
@@ -42,8 +41,8 @@ __all__ = [
     "Combination",
     "LockOptions",
     "Settings",
-    "check_combinations",
     "did_you_mean",
+    "no_scripts",
     "parse_rate",
     "reference_markdown",
     "setting_names",
@@ -52,8 +51,6 @@ __all__ = [
 ]
 
 CONFLICT_POLICIES = ("skip", "wait", "retry", "raise", "coalesce", "replace")
-#: Policies that keep one pending follow-up per key (queue scope only).
-FOLLOWUP_POLICIES = ("coalesce", "replace")
 SCOPES = ("run", "queue")
 #: When a run's key frees: at the end of the run, when the body starts (queue scope), or at
 #: the end unless the run succeeded, which keeps it ``lock_hold`` seconds more.
@@ -462,11 +459,9 @@ class Settings(LockOptions):
             }
             merged.update(validate_task_options(given, f"task {task_name!r}"))
         defaults = self.task_defaults()
-        options = dataclasses.replace(
+        return dataclasses.replace(
             defaults, **{name.removeprefix(TASK_OPTION_PREFIX): v for name, v in merged.items()}
         )
-        check_combinations(options, f"task {task_name!r}", self)
-        return options
 
 
 def _fields(cls: type[LockOptions]) -> Iterator[dataclasses.Field[Any]]:
@@ -533,84 +528,20 @@ class Combination:
     message: str
 
 
-def _no_scripts(settings: Settings | None) -> bool:
+def no_scripts(settings: Settings | None) -> bool:
+    """Whether the app turned Lua scripts off (``singleton_lock_scripting=False``)."""
     return settings is not None and not settings.scripting
 
 
-#: Every invalid combination of options, checked in one place (:func:`check_combinations`)
-#: for the effective options of each task and of each call. Add a rule here for a new mode.
-COMBINATIONS: tuple[Combination, ...] = (
+#: The rules about options that no mode owns; each mode states its own (``modes``
+#: gathers them all and checks them for the effective options of each task and call).
+OPTION_RULES: tuple[Combination, ...] = (
     Combination(
-        lambda o, _: o.release == "start" and o.scope != "queue",
-        "lock_release='start' needs lock_scope='queue' (in run scope the key is taken as the "
-        "body starts, so freeing it then would lock nothing)",
-    ),
-    Combination(
-        lambda o, _: o.release == "success" and o.hold is None,
-        "lock_release='success' needs lock_hold=<seconds>: how long a successful run keeps the key",
-    ),
-    Combination(
-        lambda o, _: o.hold is not None and o.release != "success",
-        "lock_hold is only meaningful with lock_release='success' (it is how long a "
-        "successful run keeps the key)",
-    ),
-    Combination(
-        lambda o, s: o.rate_limit is not None and _no_scripts(s),
-        "lock_rate_limit needs Lua scripts, which singleton_lock_scripting=False turns off",
-    ),
-    Combination(
-        lambda o, s: o.release == "success" and _no_scripts(s),
-        "lock_release='success' needs Lua scripts, which singleton_lock_scripting=False turns off",
-    ),
-    Combination(
-        lambda o, s: o.limit > 1 and _no_scripts(s),
+        lambda o, s: o.limit > 1 and no_scripts(s),
         "lock_limit > 1 needs Lua scripts (slots are taken by a script), which "
         "singleton_lock_scripting=False turns off",
     ),
-    Combination(
-        lambda o, _: o.on_conflict in FOLLOWUP_POLICIES and o.scope != "queue",
-        "lock_on_conflict='coalesce' or 'replace' needs lock_scope='queue' (they keep one "
-        "follow-up per queued key)",
-    ),
-    Combination(
-        lambda o, _: o.on_conflict in FOLLOWUP_POLICIES and o.limit != 1,
-        "lock_on_conflict='coalesce' or 'replace' needs lock_limit=1 (one holder, one follow-up)",
-    ),
-    Combination(
-        lambda o, _: o.on_conflict in FOLLOWUP_POLICIES and o.release != "end",
-        "lock_on_conflict='coalesce' or 'replace' needs lock_release='end' (the follow-up takes "
-        "the key when its holder's run ends)",
-    ),
-    Combination(
-        lambda o, _: o.replace_running and o.on_conflict != "replace",
-        "lock_replace_running is only meaningful with lock_on_conflict='replace'",
-    ),
-    Combination(
-        lambda o, _: o.debounce_max_wait is not None and o.debounce is None,
-        "lock_debounce_max_wait needs lock_debounce (it caps how long a burst is put off)",
-    ),
-    Combination(
-        lambda o, _: (
-            o.debounce is not None
-            and o.debounce_max_wait is not None
-            and o.debounce_max_wait < o.debounce
-        ),
-        "lock_debounce_max_wait must be at least lock_debounce",
-    ),
-    Combination(
-        lambda o, _: o.debounce is not None and o.on_conflict in FOLLOWUP_POLICIES,
-        "lock_debounce cannot be combined with lock_on_conflict='coalesce' or 'replace' (a "
-        "burst already keeps one call)",
-    ),
 )
-
-
-def check_combinations(options: LockOptions, where: str, settings: Settings | None = None) -> None:
-    """Raise ``ImproperlyConfigured`` naming every rule of :data:`COMBINATIONS` that
-    ``options`` break (one line, prefixed by ``where``, e.g. ``"task 'proj.sync'"``)."""
-    broken = [rule.message for rule in COMBINATIONS if rule.invalid(options, settings)]
-    if broken:
-        raise ImproperlyConfigured(f"{where}: " + "; ".join(broken))
 
 
 def reference_markdown() -> str:

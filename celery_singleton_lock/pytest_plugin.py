@@ -167,9 +167,11 @@ def singleton_lock_app(singleton_lock_config: dict[str, Any]) -> Iterator[Celery
     """A Celery app with an in-memory broker and result backend, locking on the test
     Redis; not the current or default app."""
     app = Celery(
-        f"singleton-lock-test-{uuid.uuid4().hex[:6]}", broker="memory://",
-        backend="cache+memory://", set_as_current=False,
-    )  # fmt: skip
+        f"singleton-lock-test-{uuid.uuid4().hex[:6]}",
+        broker="memory://",
+        backend="cache+memory://",
+        set_as_current=False,
+    )
     app.conf.update(singleton_lock_config)
     yield app
     app.close()

@@ -151,15 +151,22 @@ class RedisServer:
         self._dir = tempfile.TemporaryDirectory(prefix="csl-redis-")
         args = [
             self.executable,
-            "--bind", "127.0.0.1",
-            "--port", str(self.port),
-            "--save", "",
-            "--appendonly", "no",
-            "--dir", self._dir.name,
-            "--daemonize", "no",
-            "--loglevel", "warning",
+            "--bind",
+            "127.0.0.1",
+            "--port",
+            str(self.port),
+            "--save",
+            "",
+            "--appendonly",
+            "no",
+            "--dir",
+            self._dir.name,
+            "--daemonize",
+            "no",
+            "--loglevel",
+            "warning",
             *self.extra_args,
-        ]  # fmt: skip
+        ]
         log = Path(self._dir.name, "redis.log").open("wb")  # noqa: SIM115
         self.process = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT)
         log.close()
@@ -409,10 +416,14 @@ class CeleryProcess:
         console = self.console_path.open("wb")
         try:
             self.process = subprocess.Popen(
-                self.command, cwd=self.cwd, env={**os.environ, **self.env},
-                stdin=subprocess.DEVNULL, stdout=console, stderr=subprocess.STDOUT,
+                self.command,
+                cwd=self.cwd,
+                env={**os.environ, **self.env},
+                stdin=subprocess.DEVNULL,
+                stdout=console,
+                stderr=subprocess.STDOUT,
                 start_new_session=True,
-            )  # fmt: skip
+            )
         finally:
             console.close()
         if wait:
@@ -558,18 +569,28 @@ class CeleryWorker(CeleryProcess):
     ) -> None:
         queue_list = ",".join(queues)
         argv = [
-            *_app_args(app_module, broker_url), "worker",
-            "--pool", pool, "--concurrency", str(concurrency),
+            *_app_args(app_module, broker_url),
+            "worker",
+            "--pool",
+            pool,
+            "--concurrency",
+            str(concurrency),
             *(["--hostname", hostname] if hostname else []),
-            "--loglevel", loglevel,
+            "--loglevel",
+            loglevel,
             *(f"--without-{feature}" for feature in without),
             *(["--queues", queue_list] if queue_list else []),
             *extra_args,
-        ]  # fmt: skip
+        ]
         super().__init__(
-            argv, env=env, cwd=cwd, log_path=log_path, ready_marker=" ready.",
-            ready_timeout=ready_timeout, name=(hostname or "worker").split("@")[0],
-        )  # fmt: skip
+            argv,
+            env=env,
+            cwd=cwd,
+            log_path=log_path,
+            ready_marker=" ready.",
+            ready_timeout=ready_timeout,
+            name=(hostname or "worker").split("@")[0],
+        )
 
     def __enter__(self) -> CeleryWorker:
         self.start()
@@ -600,17 +621,28 @@ class CeleryBeat(CeleryProcess):
         name: str = "beat",
     ) -> None:
         super().__init__(
-            [], env=env, cwd=cwd, log_path=log_path, ready_marker="beat: Starting",
-            ready_timeout=ready_timeout, name=name,
-        )  # fmt: skip
+            [],
+            env=env,
+            cwd=cwd,
+            log_path=log_path,
+            ready_marker="beat: Starting",
+            ready_timeout=ready_timeout,
+            name=name,
+        )
         if schedule is None:
             schedule = self.console_path.with_name(f"{name}-schedule")
         self.argv = [
-            *_app_args(app_module, broker_url), "beat", "--loglevel", loglevel,
-            "--schedule", str(schedule), "--pidfile", str(pidfile),
+            *_app_args(app_module, broker_url),
+            "beat",
+            "--loglevel",
+            loglevel,
+            "--schedule",
+            str(schedule),
+            "--pidfile",
+            str(pidfile),
             *(["--max-interval", f"{max_interval:g}"] if max_interval is not None else []),
             *extra_args,
-        ]  # fmt: skip
+        ]
 
     def __enter__(self) -> CeleryBeat:
         self.start()

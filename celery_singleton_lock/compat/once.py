@@ -169,9 +169,10 @@ def once_config(app: Celery) -> OnceConfig:
     unknown_names(settings, _SETTINGS_KEYS, inner)
     url = _once_url(settings.get("url", DEFAULT_URL), f"{inner}['url']")
     timeout: float = parse_setting(
-        "queue_timeout", settings.get("default_timeout", DEFAULT_TIMEOUT),
+        "queue_timeout",
+        settings.get("default_timeout", DEFAULT_TIMEOUT),
         f"{inner}['default_timeout']",
-    )  # fmt: skip
+    )
     wait: float | None = 0.0
     if _flag(settings.get("blocking", False), f"{inner}['blocking']"):
         limit = settings.get("blocking_timeout", DEFAULT_BLOCKING_TIMEOUT)
@@ -207,9 +208,12 @@ class QueueOnce(CompatTask):
         if once.get("timeout") is not None:
             timeout = parse_setting("queue_timeout", once["timeout"], f"{where}['timeout']")
         mapped: dict[str, Any] = {
-            "lock_scope": "queue", "lock_on_conflict": "skip", "lock_timeout": timeout,
-            "lock_queue_timeout": timeout, "lock_renew": False,
-        }  # fmt: skip
+            "lock_scope": "queue",
+            "lock_on_conflict": "skip",
+            "lock_timeout": timeout,
+            "lock_queue_timeout": timeout,
+            "lock_renew": False,
+        }
         keys = once.get("keys")
         if keys is not None:
             if not isinstance(keys, (list, tuple)) or not all(isinstance(k, str) for k in keys):
@@ -253,7 +257,7 @@ class QueueOnce(CompatTask):
         if request.id and not request.called_directly:
             self._give_up_queued_lock(request, args, kwargs)
         # The next __call__ past the locking classes (a base class's own, or Celery's).
-        body = runtime._body(self, super(LockedTask, self).__call__)
+        body = runtime.body_of(self, super(LockedTask, self).__call__)
         return body(*args, **kwargs)
 
     def _config(self) -> OnceConfig:
@@ -305,7 +309,7 @@ class QueueOnce(CompatTask):
         locking = runtime.locking_for(self)
         if locking is None:
             return
-        key = runtime._header_key(request) or locking.key(
+        key = runtime.header_key(request) or locking.key(
             args, kwargs, received=not request.is_eager
         )
         token = runtime.queue_token(str(request.id))
@@ -315,11 +319,17 @@ class QueueOnce(CompatTask):
         try:
             lock.release()
         except LockNotOwned:
-            log.info("%s[%s]: its lock %s was no longer held before the run", self.name,
-                     request.id, key)  # fmt: skip
+            log.info(
+                "%s[%s]: its lock %s was no longer held before the run", self.name, request.id, key
+            )
         except LockBackendError as exc:
-            log.error("%s[%s]: could not release lock %s before the run: %s", self.name,
-                      request.id, key, exc)  # fmt: skip
+            log.error(
+                "%s[%s]: could not release lock %s before the run: %s",
+                self.name,
+                request.id,
+                key,
+                exc,
+            )
 
 
 setattr(QueueOnce, FOREIGN_ALLOWED, ("once",))

@@ -113,9 +113,11 @@ def _check_backend(conf: Any) -> None:
     """Refuse a custom storage backend: the locks live in this package's engine."""
     spelled, backend = conf_value(conf, setting_spellings("singleton_backend_class"))
     if backend is not None:
-        name = backend if isinstance(backend, str) else (
-            f"{getattr(backend, '__module__', '')}.{getattr(backend, '__qualname__', '')}"
-        )  # fmt: skip
+        name = (
+            backend
+            if isinstance(backend, str)
+            else (f"{getattr(backend, '__module__', '')}.{getattr(backend, '__qualname__', '')}")
+        )
         if name not in _REDIS_BACKENDS:
             raise ImproperlyConfigured(
                 f"{spelled}: custom celery-singleton backends are not supported, got "

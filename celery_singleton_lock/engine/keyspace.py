@@ -55,10 +55,19 @@ STARTS = "starts"
 
 #: Every suffix, by the name the Lua scripts know it under (``K_<NAME>``).
 SUFFIXES = {
-    "SIGNAL": SIGNAL, "QUEUE": QUEUE, "WAITER": WAITER, "GRANT": GRANT, "SLOT": SLOT,
-    "FENCE": FENCE, "SYNC": SYNC, "DONE": DONE, "PENDING": PENDING,
-    "SUPERSEDED": SUPERSEDED, "DEBOUNCE": DEBOUNCE, "STARTS": STARTS,
-}  # fmt: skip
+    "SIGNAL": SIGNAL,
+    "QUEUE": QUEUE,
+    "WAITER": WAITER,
+    "GRANT": GRANT,
+    "SLOT": SLOT,
+    "FENCE": FENCE,
+    "SYNC": SYNC,
+    "DONE": DONE,
+    "PENDING": PENDING,
+    "SUPERSEDED": SUPERSEDED,
+    "DEBOUNCE": DEBOUNCE,
+    "STARTS": STARTS,
+}
 
 
 def base_key(name: str) -> str:

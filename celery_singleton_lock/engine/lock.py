@@ -14,6 +14,9 @@ Waiters queue up and block (BLPOP); a release hands the lock straight to the fir
 waiter (scripted mode) or wakes one (plain mode), so a hand-off costs no sleep and, with
 scripts, no further round trip. The BLPOP timeout doubles as the fallback poll that notices
 a crashed holder's lease running out. This module imports nothing from Celery.
+
+This module is the public API and waiting; a hold is a :class:`~.holds.Hold`, and the lease
+renewal ``RedisLock`` inherits from :class:`~.renewal.Renewing`.
 """
 
 from __future__ import annotations
@@ -27,19 +30,18 @@ import threading
 import time
 import uuid
 import weakref
-from collections.abc import Hashable
-from dataclasses import dataclass
 from types import TracebackType
 from typing import Any, ClassVar, cast
 
 import redis
 from redis.cluster import RedisCluster
 
+from celery_singleton_lock.engine.holds import Hold
 from celery_singleton_lock.engine.keyspace import SIGNAL, SLOT, SYNC, companion_key
 from celery_singleton_lock.engine.plain import PlainProtocol
 from celery_singleton_lock.engine.protocol import Grant, Protocol
-from celery_singleton_lock.engine.renewal import renewer
-from celery_singleton_lock.engine.scripted import ScriptedProtocol, extend_all
+from celery_singleton_lock.engine.renewal import Renewing
+from celery_singleton_lock.engine.scripted import ScriptedProtocol
 from celery_singleton_lock.engine.value import Holder, LockValue, parse_value
 from celery_singleton_lock.engine.wire import (
     LockClient,
@@ -62,9 +64,6 @@ _TIMER_SLACK = 0.11
 _BLPOP_MARGIN = 0.04
 #: A BLPOP must return before the client's socket timeout: use at most this share of it.
 _SOCKET_SHARE = 0.8
-#: Renew every lease / this; retry a failed renewal after a quarter of what is left.
-_RENEW_DIVISOR = 3
-_MIN_RENEW_RETRY = 0.05
 
 
 def _lease_ms(value: object, what: str) -> int:
@@ -80,22 +79,7 @@ def _lease_ms(value: object, what: str) -> int:
     return max(1, round(seconds * 1000))
 
 
-@dataclass(eq=False)
-class _Hold:
-    """One successful acquire: the owner token it holds under, what the server granted,
-    and what this process knows about its lease. ``ended`` once released or detached."""
-
-    token: str
-    fence: int
-    thread: threading.Thread
-    expires_at: float  # local monotonic lower bound of the lease end (last confirmed lease)
-    key: str  # the lock key, or the slot it holds (limit > 1)
-    reserved: bool = False  # holds the instance's local reservation (a fixed ``token``)
-    lost: bool = False
-    ended: bool = False
-
-
-class RedisLock:
+class RedisLock(Renewing):
     """A lease-based distributed lock on one Redis key.
 
     ``timeout`` is the lease in seconds. ``auto_renew`` keeps extending the lease while the
@@ -193,10 +177,10 @@ class RedisLock:
         """Per-process state: set up at construction and again in a forked child, which
         holds nothing its parent held."""
         self._pid = os.getpid()
-        self._holds: dict[threading.Thread, _Hold] = {}
+        self._holds: dict[threading.Thread, Hold] = {}
         # A thread whose last acquire failed while other threads held this instance: the
         # holds it contended with, which it never speaks for.
-        self._contended: weakref.WeakKeyDictionary[threading.Thread, tuple[_Hold, ...]] = (
+        self._contended: weakref.WeakKeyDictionary[threading.Thread, tuple[Hold, ...]] = (
             weakref.WeakKeyDictionary()
         )
         self._reservation = threading.Lock()  # threads of one fixed-token owner take turns
@@ -206,8 +190,14 @@ class RedisLock:
         self.holder_info = info if isinstance(info, str) else json.dumps(info, sort_keys=True)
         protocol = self.protocols[self.scripting]
         if self.limit > 1 or self.group:
-            self.protocol = protocol(self.client, self.name, self.signal_key, self.holder_info,
-                                     limit=self.limit, group=self.group)  # fmt: skip
+            self.protocol = protocol(
+                self.client,
+                self.name,
+                self.signal_key,
+                self.holder_info,
+                limit=self.limit,
+                group=self.group,
+            )
         else:
             self.protocol = protocol(self.client, self.name, self.signal_key, self.holder_info)
 
@@ -218,14 +208,14 @@ class RedisLock:
 
     # -- the hold this call is about ---------------------------------------------------------
 
-    def _own_hold(self) -> _Hold | None:
+    def _own_hold(self) -> Hold | None:
         """The calling thread's hold in this process (forgetting a parent's after fork)."""
         with self._mutex:
             if self._pid != os.getpid():
                 self._start_process()
             return self._holds.get(threading.current_thread())
 
-    def _hold(self) -> _Hold | None:
+    def _hold(self) -> Hold | None:
         """The calling thread's hold; else the only hold of this instance in this process,
         unless the calling thread contended with that very hold (its acquire failed)."""
         with self._mutex:
@@ -239,7 +229,7 @@ class RedisLock:
                     return None
             return hold
 
-    def _end(self, hold: _Hold, *, keep_turn: bool = False) -> None:
+    def _end(self, hold: Hold, *, keep_turn: bool = False) -> None:
         """Forget ``hold`` locally: renewal stops and, unless ``keep_turn``, a waiting thread
         may take its turn."""
         with self._mutex:
@@ -249,7 +239,7 @@ class RedisLock:
         if not keep_turn:
             self._end_turn(hold)
 
-    def _end_turn(self, hold: _Hold) -> None:
+    def _end_turn(self, hold: Hold) -> None:
         """Let the next thread of a fixed-token owner take its turn."""
         if hold.reserved:
             hold.reserved = False
@@ -317,10 +307,10 @@ class RedisLock:
             self._holds[hold.thread] = hold
             self._contended.pop(hold.thread, None)
         if self.auto_renew:
-            renewer.schedule(self._lane(), self, hold, self.timeout / _RENEW_DIVISOR)
+            self._start_renewal(hold)
         return True
 
-    def _acquire(self, blocking: bool, deadline: float | None) -> _Hold | None:
+    def _acquire(self, blocking: bool, deadline: float | None) -> Hold | None:
         token = self._fixed_token or self.group + uuid.uuid4().hex
         me = threading.current_thread()
         poll_ms = max(1, round(self._poll_cap() * 1000))
@@ -336,7 +326,7 @@ class RedisLock:
                 number, key = self._held_after_lost_reply(exc, token, queued=blocking)
                 acquired = True
             if acquired:
-                return _Hold(token, number, me, started + self._lease_ms / 1000, key or self.name)
+                return Hold(token, number, me, started + self._lease_ms / 1000, key or self.name)
             if not blocking:
                 return None
             queued = True
@@ -349,17 +339,17 @@ class RedisLock:
             # (its crash is noticed then), or the fallback period passes. A grant comes
             # after the try that queued us, so ``started`` bounds its lease from below.
             try:
-                granted = self._wait(min(max(1, number) / 1000 + _MIN_WAIT, poll_ms / 1000),
-                                     deadline, token)  # fmt: skip
+                granted = self._wait(
+                    min(max(1, number) / 1000 + _MIN_WAIT, poll_ms / 1000), deadline, token
+                )
             except BaseException:
                 self._stop_waiting(token)
                 raise
             if granted is not None:
                 return self._granted(token, granted, me, started)
 
-    def _granted(self, token: str, grant: Grant, me: threading.Thread, started: float) -> _Hold:
-        return _Hold(token, grant.fence, me, started + self._lease_ms / 1000,
-                     grant.key or self.name)  # fmt: skip
+    def _granted(self, token: str, grant: Grant, me: threading.Thread, started: float) -> Hold:
+        return Hold(token, grant.fence, me, started + self._lease_ms / 1000, grant.key or self.name)
 
     def _stop_waiting(self, token: str) -> None:
         """Leave the queue after an error or interrupt while waiting; a grant that arrived
@@ -417,10 +407,6 @@ class RedisLock:
         if hold is not None and not hold.ended:
             hold.expires_at = started + lease_ms / 1000
         self._renewed()
-
-    def _renewed(self) -> None:
-        """Called after every confirmed extension of the lease, by ``extend()`` or by the
-        renewer (in its thread); a hook for subclasses that observe renewals."""
 
     @property
     def lease_lost(self) -> bool:
@@ -512,9 +498,14 @@ class RedisLock:
         """Wait until ``replicas`` replicas acknowledge every write the server made so far;
         LockBackendError when fewer do within ``replicas_timeout``."""
         acked = call(
-            self.name, wait_for_replicas, self.client, self.name,
-            companion_key(self.name, SYNC), self.replicas, self._replicas_timeout_ms,
-        )  # fmt: skip
+            self.name,
+            wait_for_replicas,
+            self.client,
+            self.name,
+            companion_key(self.name, SYNC),
+            self.replicas,
+            self._replicas_timeout_ms,
+        )
         if acked < self.replicas:
             raise LockBackendError(
                 f"only {acked} of {self.replicas} replicas acknowledged the lock within "
@@ -605,79 +596,3 @@ class RedisLock:
             reply, raw, ttl = call(self.name, pipe.execute)
             now_ms = time_reply(reply)[0]
         return now_ms, (parse_value(raw) if raw is not None else None), int(ttl)
-
-    # -- renewal (called by a renewer lane's thread) ----------------------------------------
-
-    def _lane(self) -> Hashable:
-        """Which renewer lane serves this lock: one per connection pool (per cluster node),
-        so a stalled server delays only the renewals of locks on it."""
-        if isinstance(self.client, RedisCluster):
-            node = cast("Any", self.client).get_node_from_key(self.name)  # untyped
-            return (self.client, node.name)
-        return cast("Hashable", getattr(self.client, "connection_pool", self.client))
-
-    def _renew(self, hold: _Hold) -> float | None:
-        """Extend ``hold``'s lease; the delay until its next renewal, or None to stop."""
-        if hold.ended or not self.auto_renew:
-            return None
-        started = time.monotonic()
-        try:
-            expiry = self.protocol.extend(hold.token, self._lease_ms, hold.key)
-            if expiry and self.replicas:
-                self._replicate()
-        except Exception as exc:  # noqa: BLE001 - a LockError, or a client closed under us
-            return self._renewal_reply(hold, started, exc)
-        return self._renewal_reply(hold, started, expiry)
-
-    @classmethod
-    def _renew_all(cls, due: list[tuple[RedisLock, _Hold]]) -> list[float | None]:
-        """Extend every hold in ``due`` (all on one connection pool; the delays until their
-        next renewals, None to stop): the scripted, unreplicated ones of a plain client in
-        one pipelined round trip, the others one by one."""
-        delays: list[float | None] = [None] * len(due)
-        batch: list[int] = []
-        for index, (lock, hold) in enumerate(due):
-            if (
-                type(lock.protocol) is ScriptedProtocol
-                and not lock.replicas
-                and type(lock.client) is redis.Redis
-                and lock.auto_renew
-                and not hold.ended
-            ):
-                batch.append(index)
-            else:
-                delays[index] = lock._renew(hold)
-        if batch:
-            client = cast("redis.Redis", due[batch[0]][0].client)  # a plain client: checked
-            started = time.monotonic()
-            replies = extend_all(client, [
-                (due[i][0].name, due[i][1].key, due[i][1].token, due[i][0]._lease_ms)
-                for i in batch
-            ])  # fmt: skip
-            for index, reply in zip(batch, replies, strict=True):
-                lock, hold = due[index]
-                delays[index] = lock._renewal_reply(hold, started, reply)
-        return delays
-
-    def _renewal_reply(
-        self, hold: _Hold, started: float, reply: int | BaseException
-    ) -> float | None:
-        """Record what a renewal sent at ``started`` brought (the new expiry, 0 when the
-        hold is no longer ours, or an error); the delay until the next one, or None."""
-        if hold.ended:
-            return None  # a reply about a hold that ended meanwhile: nothing to record
-        if isinstance(reply, BaseException):
-            left = hold.expires_at - time.monotonic()
-            if left <= 0:
-                hold.lost = True
-                log.error("lock %r: lease lost, Redis unreachable: %s", self.name, reply)
-                return None
-            log.warning("lock %r: renewal failed, retrying: %s", self.name, reply)
-            return min(max(left / 4, _MIN_RENEW_RETRY), self.timeout / _RENEW_DIVISOR)
-        if not reply:
-            hold.lost = True
-            log.error("lock %r: lease lost (another holder took it or it expired)", self.name)
-            return None
-        hold.expires_at = started + self._lease_ms / 1000
-        self._renewed()
-        return self.timeout / _RENEW_DIVISOR

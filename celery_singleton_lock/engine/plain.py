@@ -23,7 +23,7 @@ from typing import Any
 
 import redis
 
-from celery_singleton_lock.engine._scripts import WAITER_SLACK_MS
+from celery_singleton_lock.engine.constants import WAITER_SLACK_MS
 from celery_singleton_lock.engine.protocol import SIGNAL_TTL_MS, Attempt, Protocol, grace_ms
 from celery_singleton_lock.engine.value import MAX_EXACT, LockValue, format_value, parse_value
 from celery_singleton_lock.engine.wire import at_maxmemory, backend_error, call
@@ -134,11 +134,18 @@ class PlainProtocol(Protocol):
         return Attempt(False, BUSY_RETRY_MS)
 
     def _queue(
-        self, pipe: Any, raw: bytes | str, current: LockValue, token: str, *,
-        now_us: int, lease_ms: int, wait_ms: int,
-    ) -> None:  # fmt: skip
+        self,
+        pipe: Any,
+        raw: bytes | str,
+        current: LockValue,
+        token: str,
+        *,
+        now_us: int,
+        lease_ms: int,
+        wait_ms: int,
+    ) -> None:
         """Take a place in the waiters' queue and flag the holder's value, in one
-        transaction under the WATCH on the lock key (as the scripts do; see ``_scripts``).
+        transaction under the WATCH on the lock key (as the scripts do; see ``scripts``).
         Best effort when the key changed meanwhile or the server is at maxmemory: the
         waiter then polls. Any other refusal (an ACL denial) is raised."""
         keep_ms = wait_ms + WAITER_SLACK_MS

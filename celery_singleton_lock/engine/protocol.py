@@ -12,7 +12,7 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from typing import NamedTuple, cast
 
-from celery_singleton_lock.engine._scripts import GRACE_BASE_MS, GRACE_FRACTION, SIGNAL_TTL_MS
+from celery_singleton_lock.engine.constants import GRACE_BASE_MS, GRACE_FRACTION, SIGNAL_TTL_MS
 from celery_singleton_lock.engine.keyspace import GRANT, QUEUE, WAITER, companion_key
 from celery_singleton_lock.engine.wire import LockClient, call, server_time
 
@@ -63,9 +63,15 @@ class Protocol(ABC):
     wake-up list in the same hash slot, ``info`` the holder info stored in the value."""
 
     def __init__(
-        self, client: LockClient, name: str, signal_key: str, info: str, *, limit: int = 1,
+        self,
+        client: LockClient,
+        name: str,
+        signal_key: str,
+        info: str,
+        *,
+        limit: int = 1,
         group: str = "",
-    ) -> None:  # fmt: skip
+    ) -> None:
         self.client = client
         self.name = name
         self.signal_key = signal_key
@@ -73,7 +79,7 @@ class Protocol(ABC):
         #: How many holders at once (slots); ``group``: a token prefix that may hold one.
         self.limit = limit
         self.group = group
-        # The waiters' queue (see ``_scripts``), in the lock's hash slot.
+        # The waiters' queue (see ``scripts``), in the lock's hash slot.
         self.queue_key = companion_key(name, QUEUE)
         self.waiter_prefix = companion_key(name, WAITER)
         self.grant_prefix = companion_key(name, GRANT)

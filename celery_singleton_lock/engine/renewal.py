@@ -12,6 +12,10 @@ to their lock class together, which extends them in one pipelined round trip whe
 Lanes hold only weak references to locks (a lock garbage collected without release stops
 being renewed and expires), end their thread after a while without work, and are rebuilt
 in a forked child.
+
+:class:`Renewing` is the renewal half of ``RedisLock`` (a mixin it inherits): which lane
+serves a lock, one renewal, a batch of due renewals in one round trip, and what a renewal's
+reply means for its hold.
 """
 
 from __future__ import annotations
@@ -24,15 +28,29 @@ import threading
 import time
 import weakref
 from collections.abc import Hashable
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol, cast
 
-__all__ = ["Renewable", "renewer"]
+import redis
+from redis.cluster import RedisCluster
+
+from celery_singleton_lock.engine.holds import Hold
+from celery_singleton_lock.engine.scripted import ScriptedProtocol, extend_all
+
+if TYPE_CHECKING:
+    from celery_singleton_lock.engine.protocol import Protocol as WireProtocol
+    from celery_singleton_lock.engine.wire import LockClient
+
+__all__ = ["RENEW_DIVISOR", "Renewable", "Renewing", "renewer"]
 
 log = logging.getLogger("celery_singleton_lock.renewer")
+#: What a lock says about its own renewals (the lock's logger, as before the split).
+lock_log = logging.getLogger("celery_singleton_lock.engine.lock")
 
 #: A lane's thread ends after this many seconds with nothing to renew.
 IDLE_SECONDS = 30.0
-
+#: Renew every lease / this; retry a failed renewal after a quarter of what is left.
+RENEW_DIVISOR = 3
+MIN_RENEW_RETRY = 0.05
 
 #: The most holds a lane renews in one go (one pipelined round trip where it can).
 BATCH = 500
@@ -168,3 +186,109 @@ class _Renewer:
 
 
 renewer = _Renewer()
+
+
+class Renewing:
+    """The renewal half of ``RedisLock``, which inherits it: the lane a lock is renewed in,
+    one renewal of a hold, a batch of due renewals, and what a renewal's reply means. The
+    attributes declared here are set by ``RedisLock``."""
+
+    client: LockClient
+    name: str
+    timeout: float
+    auto_renew: bool
+    replicas: int
+    protocol: WireProtocol
+    _lease_ms: int
+
+    if TYPE_CHECKING:
+
+        def _replicate(self) -> None:
+            """Wait for the replicas (``RedisLock``); LockBackendError when too few ack."""
+
+    def _renewed(self) -> None:
+        """Called after every confirmed extension of the lease, by ``extend()`` or by the
+        renewer (in its thread); a hook for subclasses that observe renewals."""
+
+    def _start_renewal(self, hold: Hold) -> None:
+        """Renew ``hold`` a third of a lease from now, and on, until it ends."""
+        renewer.schedule(self._lane(), self, hold, self.timeout / RENEW_DIVISOR)
+
+    # -- called by a renewer lane's thread ---------------------------------------------------
+
+    def _lane(self) -> Hashable:
+        """Which renewer lane serves this lock: one per connection pool (per cluster node),
+        so a stalled server delays only the renewals of locks on it."""
+        if isinstance(self.client, RedisCluster):
+            node = cast("Any", self.client).get_node_from_key(self.name)  # untyped
+            return (self.client, node.name)
+        return cast("Hashable", getattr(self.client, "connection_pool", self.client))
+
+    def _renew(self, hold: Hold) -> float | None:
+        """Extend ``hold``'s lease; the delay until its next renewal, or None to stop."""
+        if hold.ended or not self.auto_renew:
+            return None
+        started = time.monotonic()
+        try:
+            expiry = self.protocol.extend(hold.token, self._lease_ms, hold.key)
+            if expiry and self.replicas:
+                self._replicate()
+        except Exception as exc:  # noqa: BLE001 - a LockError, or a client closed under us
+            return self._renewal_reply(hold, started, exc)
+        return self._renewal_reply(hold, started, expiry)
+
+    @classmethod
+    def _renew_all(cls, due: list[tuple[Renewing, Hold]]) -> list[float | None]:
+        """Extend every hold in ``due`` (all on one connection pool; the delays until their
+        next renewals, None to stop): the scripted, unreplicated ones of a plain client in
+        one pipelined round trip, the others one by one."""
+        delays: list[float | None] = [None] * len(due)
+        batch: list[int] = []
+        for index, (lock, hold) in enumerate(due):
+            if (
+                type(lock.protocol) is ScriptedProtocol
+                and not lock.replicas
+                and type(lock.client) is redis.Redis
+                and lock.auto_renew
+                and not hold.ended
+            ):
+                batch.append(index)
+            else:
+                delays[index] = lock._renew(hold)
+        if batch:
+            client = cast("redis.Redis", due[batch[0]][0].client)  # a plain client: checked
+            started = time.monotonic()
+            replies = extend_all(
+                client,
+                [
+                    (due[i][0].name, due[i][1].key, due[i][1].token, due[i][0]._lease_ms)
+                    for i in batch
+                ],
+            )
+            for index, reply in zip(batch, replies, strict=True):
+                lock, hold = due[index]
+                delays[index] = lock._renewal_reply(hold, started, reply)
+        return delays
+
+    def _renewal_reply(
+        self, hold: Hold, started: float, reply: int | BaseException
+    ) -> float | None:
+        """Record what a renewal sent at ``started`` brought (the new expiry, 0 when the
+        hold is no longer ours, or an error); the delay until the next one, or None."""
+        if hold.ended:
+            return None  # a reply about a hold that ended meanwhile: nothing to record
+        if isinstance(reply, BaseException):
+            left = hold.expires_at - time.monotonic()
+            if left <= 0:
+                hold.lost = True
+                lock_log.error("lock %r: lease lost, Redis unreachable: %s", self.name, reply)
+                return None
+            lock_log.warning("lock %r: renewal failed, retrying: %s", self.name, reply)
+            return min(max(left / 4, MIN_RENEW_RETRY), self.timeout / RENEW_DIVISOR)
+        if not reply:
+            hold.lost = True
+            lock_log.error("lock %r: lease lost (another holder took it or it expired)", self.name)
+            return None
+        hold.expires_at = started + self._lease_ms / 1000
+        self._renewed()
+        return self.timeout / RENEW_DIVISOR

@@ -1,54 +1,39 @@
-"""The scripted protocol: each lock operation is one EVALSHA of a script in ``_scripts``, and
-a release hands the lock straight to the first waiter in line (see ``_scripts``)."""
+"""The scripted protocol: each lock operation is one EVALSHA of a registered script
+(:data:`.scripts.SCRIPTS`), and a release hands the lock straight to the first waiter in
+line (see :mod:`.scripts`)."""
 
 from __future__ import annotations
 
-import hashlib
 from typing import Any, cast
 
 import redis
 
-from celery_singleton_lock.engine import _scripts
 from celery_singleton_lock.engine.protocol import Attempt, Protocol
+from celery_singleton_lock.engine.scripts import SCRIPTS
 from celery_singleton_lock.engine.wire import LockClient, backend_error, call
 from celery_singleton_lock.exceptions import LockBackendError
 
 __all__ = ["ScriptedProtocol", "extend_all"]
 
-
-class _Script:
-    """One protocol script: EVALSHA with pre-encoded arguments, loaded on NOSCRIPT.
-
-    Calling ``execute_command`` directly (rather than redis-py's ``Script`` wrapper) keeps
-    the hot path to one packing of already-encoded bytes.
-    """
-
-    def __init__(self, source: str) -> None:
-        self.source = source
-        self.sha = hashlib.sha1(source.encode()).hexdigest()  # noqa: S324 - Redis names scripts by SHA1
-
-    def __call__(self, client: LockClient, numkeys: int, *args: bytes | int | str) -> Any:
-        execute = cast("Any", client).execute_command  # untyped on RedisCluster
-        try:
-            return execute("EVALSHA", self.sha, numkeys, *args)
-        except redis.exceptions.NoScriptError:
-            client.script_load(self.source)  # a restarted or failed-over server
-            return execute("EVALSHA", self.sha, numkeys, *args)
-
-
-_ACQUIRE = _Script(_scripts.ACQUIRE)
-_RELEASE = _Script(_scripts.RELEASE)
-_EXTEND = _Script(_scripts.EXTEND)
-_ACQUIRE_SLOTS = _Script(_scripts.ACQUIRE_SLOTS)
+_ACQUIRE = SCRIPTS["acquire"]
+_RELEASE = SCRIPTS["release"]
+_EXTEND = SCRIPTS["extend"]
+_ACQUIRE_SLOTS = SCRIPTS["acquire_slots"]
 
 
 class ScriptedProtocol(Protocol):
     """Acquire, release and extend as one atomic script each (one round trip)."""
 
     def __init__(
-        self, client: LockClient, name: str, signal_key: str, info: str, *, limit: int = 1,
+        self,
+        client: LockClient,
+        name: str,
+        signal_key: str,
+        info: str,
+        *,
+        limit: int = 1,
         group: str = "",
-    ) -> None:  # fmt: skip
+    ) -> None:
         super().__init__(client, name, signal_key, info, limit=limit, group=group)
         # Arguments that never change for this lock, encoded once.
         self._name_b = name.encode()
@@ -65,12 +50,14 @@ class ScriptedProtocol(Protocol):
             args += (self._limit_b, self._group_b)
             if claim:
                 args += (claim,)
-            result = call(self.name, _ACQUIRE_SLOTS, self.client, 2, self._name_b,
-                          self._queue_b, *args)  # fmt: skip
+            result = call(
+                self.name, _ACQUIRE_SLOTS, self.client, 2, self._name_b, self._queue_b, *args
+            )
             if int(result[0]) == 1:
                 slot = result[3]
-                return Attempt(True, int(result[1]), slot.decode() if isinstance(slot, bytes)
-                               else str(slot))  # fmt: skip
+                return Attempt(
+                    True, int(result[1]), slot.decode() if isinstance(slot, bytes) else str(slot)
+                )
             return Attempt(False, int(result[1]))
         if claim:
             args += (claim,)
@@ -82,15 +69,30 @@ class ScriptedProtocol(Protocol):
     ) -> int:
         target = key or self._name_b
         if record is None:
-            return int(call(self.name, _RELEASE, self.client, 2, target, self._queue_b,
-                            token, self._limit_b))  # fmt: skip
+            return int(
+                call(
+                    self.name, _RELEASE, self.client, 2, target, self._queue_b, token, self._limit_b
+                )
+            )
         where, value, ttl_ms = record
-        return int(call(self.name, _RELEASE, self.client, 3, target, self._queue_b, where,
-                        token, self._limit_b, value, ttl_ms))  # fmt: skip
+        return int(
+            call(
+                self.name,
+                _RELEASE,
+                self.client,
+                3,
+                target,
+                self._queue_b,
+                where,
+                token,
+                self._limit_b,
+                value,
+                ttl_ms,
+            )
+        )
 
     def extend(self, token: str, lease_ms: int, key: str | None = None) -> int:
-        return int(call(self.name, _EXTEND, self.client, 1, key or self._name_b, token,
-                        lease_ms))  # fmt: skip
+        return int(call(self.name, _EXTEND, self.client, 1, key or self._name_b, token, lease_ms))
 
 
 def extend_all(

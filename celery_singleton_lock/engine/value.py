@@ -1,7 +1,8 @@
 """Reading and writing the lock key's value (pure functions; no Redis, no Celery).
 
-The layout is documented in ``_scripts``; this module is its Python twin, used by the
-plain-command mode, by ``owned()``/``locked()`` and by the admin CLI.
+The layout is documented in :mod:`.scripts`; this module is the Python twin of the Lua
+``scripts/lib/value.lua``, used by the plain-command mode, by ``owned()``/``locked()`` and
+by the admin CLI.
 """
 
 from __future__ import annotations
@@ -18,9 +19,9 @@ _SECONDS_LIMIT = 100_000_000_000
 #: The largest number the grammar accepts: every integer up to it is exact as a double,
 #: which is what the Lua scripts compute with. A fencing token never goes past it.
 MAX_EXACT = 2**53 - 1
-# One grammar with the Lua ``parse`` in _scripts: numbers are 1-16 ASCII digits (never
-# Unicode digits) and the whole value must match (no trailing newline); on bytes, so a
-# value that is not UTF-8 parses the same as in Lua.
+# One grammar with the Lua ``parse`` (scripts/lib/value.lua): numbers are 1-16 ASCII digits
+# (never Unicode digits) and the whole value must match (no trailing newline); on bytes, so
+# a value that is not UTF-8 parses the same as in Lua.
 _OURS = re.compile(rb"([0-9]{1,16}):([01]):([^:]*):([0-9]{1,16}):(.*)", re.DOTALL)
 _CLASSIC = re.compile(rb"([0-9]{1,16})(?:\.([0-9]{1,16}))?")
 

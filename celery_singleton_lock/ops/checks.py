@@ -7,6 +7,11 @@ clock is from this host's, and whether the connecting user may run every command
 use, on keys named like the locks' own (so an ACL key pattern that misses the companion
 keys ``{...}:signal`` is caught too). Probing writes only short-lived keys of its own
 under the prefix and deletes them.
+
+The commands probed are derived, not listed by hand: those the registered Lua scripts call
+(``engine.scripts.commands()``) and those the engine sends itself, in the mode configured,
+plus the admin tools' own. Each has one probe in :func:`_probe_table`; a unit test fails
+when a script starts using a command that has none.
 """
 
 from __future__ import annotations
@@ -19,12 +24,13 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, cast
 
 import redis
+from redis.cluster import RedisCluster
 
 from celery_singleton_lock.client import mask_url, redis_for
 from celery_singleton_lock.config import settings_for
-from celery_singleton_lock.engine import _scripts
-from celery_singleton_lock.engine.keyspace import companion_key
-from celery_singleton_lock.engine.wire import LockClient
+from celery_singleton_lock.engine import scripts
+from celery_singleton_lock.engine.keyspace import SLOT, SUFFIXES, companion_key
+from celery_singleton_lock.engine.wire import LockClient, wait_for_replicas
 
 if TYPE_CHECKING:
     from celery import Celery
@@ -84,8 +90,12 @@ def _server(client: LockClient) -> Check:
     detail = f"{name} {version} ({mode})"
     compatible = _version(str(info["redis_version"]))
     if compatible < MINIMUM:
-        return Check("server", FAIL, f"{detail}: too old; waiting needs Redis 6.0+ (BLPOP "
-                     "with a fractional timeout), and 6.2+ is what is tested")  # fmt: skip
+        return Check(
+            "server",
+            FAIL,
+            f"{detail}: too old; waiting needs Redis 6.0+ (BLPOP "
+            "with a fractional timeout), and 6.2+ is what is tested",
+        )
     if compatible < SUPPORTED:
         return Check("server", WARN, f"{detail}: older than 6.2, the oldest tested")
     return Check("server", OK, detail)
@@ -100,39 +110,38 @@ def _eviction(client: LockClient) -> Check:
     evicts = "any key" if policy.startswith("allkeys") else "keys with a TTL (every lock key)"
     if maxmemory:
         return Check(
-            "eviction", FAIL,
+            "eviction",
+            FAIL,
             f"maxmemory-policy {policy} with maxmemory {maxmemory} bytes: when memory runs "
             f"out Redis evicts {evicts}, and an evicted lock lets a second run in. Set "
             "maxmemory-policy noeviction, or give the locks a Redis of their own",
-        )  # fmt: skip
+        )
     return Check(
-        "eviction", WARN,
+        "eviction",
+        WARN,
         f"maxmemory-policy {policy} evicts {evicts} once a maxmemory limit is set (none is "
         "set now); noeviction is the safe policy for locks",
-    )  # fmt: skip
+    )
 
 
 def _scripting(client: LockClient, wanted: bool) -> Check:
     try:
-        shas = [client.script_load(source) for source in _scripts_sources()]
+        shas = [client.script_load(script.source) for script in scripts.SCRIPTS.values()]
         cast("Any", client).evalsha(client.script_load("return 1"), 0)
     except redis.ResponseError as exc:
         if wanted:
             return Check(
-                "scripting", FAIL,
+                "scripting",
+                FAIL,
                 f"Lua scripts cannot run ({_why(exc)}); set singleton_lock_scripting = False "
                 "to use the plain SETNX/GET/GETSET commands",
-            )  # fmt: skip
+            )
         return Check("scripting", OK, f"not available ({_why(exc)}); plain commands configured")
     if wanted:
         return Check("scripting", OK, f"SCRIPT LOAD and EVALSHA allowed; {len(shas)} scripts load")
     return Check(
         "scripting", OK, "available, but singleton_lock_scripting = False uses plain commands"
     )
-
-
-def _scripts_sources() -> tuple[str, ...]:
-    return (_scripts.ACQUIRE, _scripts.RELEASE, _scripts.EXTEND)
 
 
 def _clock(client: LockClient) -> Check:
@@ -153,8 +162,8 @@ def _clock(client: LockClient) -> Check:
 
 def _why(exc: Exception) -> str:
     """A Redis error in a few words: not permitted, unknown command, or its message."""
-    text = str(exc)
-    if isinstance(exc, redis.exceptions.NoPermissionError) or text.startswith("NOPERM"):
+    text = str(exc)  # an EXEC refused by the ACL is an EXECABORT that quotes the NOPERM
+    if isinstance(exc, redis.exceptions.NoPermissionError) or "NOPERM" in text:
         return "not permitted by the ACL"
     if "unknown command" in text.lower():
         return "unknown command: renamed or disabled"
@@ -163,59 +172,159 @@ def _why(exc: Exception) -> str:
 
 Probe = Callable[[], object]
 
+#: What the scripted locks send themselves, besides the commands their scripts call
+#: (``scripts.commands()``): EVALSHA with SCRIPT LOAD on NOSCRIPT, BLPOP to wait, ZREM / LPOP
+#: / DEL to stop waiting, TIME / GET / PTTL to inspect a lock, SET and WAIT for replicas.
+SCRIPTED_CLIENT_COMMANDS = frozenset(
+    {
+        "PING",
+        "TIME",
+        "GET",
+        "PTTL",
+        "SET",
+        "DEL",
+        "ZREM",
+        "LPOP",
+        "BLPOP",
+        "WAIT",
+        "SCRIPT LOAD",
+        "EVALSHA",
+    }
+)
+#: The plain-command protocol (``scripting=False``, ``engine/plain.py``): SET NX, GET and
+#: GETSET under WATCH / MULTI / EXEC (UNWATCH when it stops early), the waiters' queue and
+#: wake-ups, and the same waiting, inspecting and replica commands as the scripted locks.
+PLAIN_COMMANDS = frozenset(
+    {
+        "PING",
+        "TIME",
+        "SET",
+        "GET",
+        "GETSET",
+        "PTTL",
+        "PEXPIRE",
+        "SETRANGE",
+        "DEL",
+        "RPUSH",
+        "BLPOP",
+        "LPOP",
+        "ZADD",
+        "ZREM",
+        "WATCH",
+        "MULTI",
+        "EXEC",
+        "UNWATCH",
+        "WAIT",
+    }
+)
+#: What only the admin tools send (``celery locks list`` / ``clear``); tasks do not need it.
+ADMIN_COMMANDS = ("SCAN", "TYPE")
 
-def _probes(client: LockClient, key: str, scripting: bool) -> list[tuple[str, Probe, bool]]:
-    """(command, call, needed by the locks themselves) for every command used, in an order
-    where each acts on keys the earlier ones made."""
-    signal, done = companion_key(key, "signal"), companion_key(key, "done")
-    queue = companion_key(key, "queue")
-    any_client = cast("Any", client)
 
-    def transaction() -> object:
-        with any_client.pipeline(transaction=True) as pipe:
-            pipe.watch(key)
-            pipe.multi()
-            pipe.pexpire(key, _PROBE_MS)
-            return pipe.execute()
+def needed_commands(scripting: bool) -> frozenset[str]:
+    """Every command the locks send in the given mode (the scripted set is derived from the
+    registered scripts, so a script that starts using a command is probed for it)."""
+    return scripts.commands() | SCRIPTED_CLIENT_COMMANDS if scripting else PLAIN_COMMANDS
+
+
+def _probe_keys(key: str) -> dict[str, str]:
+    """The keys the probes touch: ``key`` as the lock key and a companion of each kind."""
+    keys = {"": key}
+    for name, suffix in SUFFIXES.items():
+        keys[name] = companion_key(key, suffix + ("probe" if suffix.endswith(":") else ""))
+    keys["SLOT"] = companion_key(key, f"{SLOT}2")
+    return keys
+
+
+def _node(client: LockClient, key: str) -> redis.Redis:
+    """The client of the server that holds ``key`` (on a cluster, its node's)."""
+    if isinstance(client, RedisCluster):
+        any_client = cast("Any", client)  # untyped in redis-py
+        node = any_client.get_node_from_key(key)
+        return cast("redis.Redis", any_client.get_redis_connection(node))
+    return client
+
+
+def _one_connection(client: LockClient, key: str, *commands: tuple[Any, ...]) -> list[object]:
+    """Send ``commands`` one by one on one connection to ``key``'s server, each reply read
+    before the next goes (so a refusal names its command); the connection is dropped
+    after, so no WATCH or MULTI of a probe outlives it."""
+    pipe = cast("Any", _node(client, key).pipeline(transaction=True))  # untyped internals
+    try:
+        return [pipe.immediate_execute_command(*command) for command in commands]
+    finally:
+        # Not reset(): it would send UNWATCH after a WATCH, a command of its own to probe.
+        connection, pipe.connection, pipe.watching = pipe.connection, None, False
+        if connection is not None:
+            connection.disconnect()
+            pipe.connection_pool.release(connection)
+
+
+def _probe_table(client: LockClient, key: str) -> dict[str, Probe]:
+    """One probe per command the locks or the admin tools use, on keys named like a lock
+    and its companions, in an order where each acts on keys the earlier ones made."""
+    k = _probe_keys(key)
+    lock, queue, signal, pending = k[""], k["QUEUE"], k["SIGNAL"], k["PENDING"]
+    any_client = cast("Any", client)  # evalsha and a few replies are untyped in redis-py
 
     def evalsha() -> object:
-        return any_client.evalsha(client.script_load("return redis.call('PTTL', KEYS[1])"), 1, key)
+        # A script that calls nothing: what scripts call is probed command by command (the
+        # ACL judges a command the same inside a script), so a refusal here is EVALSHA's.
+        return any_client.evalsha(client.script_load("return #KEYS"), 1, lock)
 
-    common: list[tuple[str, Probe]] = [
-        ("PING", client.ping),
-        ("TIME", client.time),
-        ("SET", lambda: client.set(key, "probe", nx=True, px=_PROBE_MS)),
-        ("GET", lambda: client.get(key)),
-        ("PTTL", lambda: client.pttl(key)),
-        ("PEXPIRE", lambda: client.pexpire(key, _PROBE_MS)),
-        ("RPUSH", lambda: client.rpush(signal, "1")),
-        ("BLPOP", lambda: client.blpop([signal], timeout=0.01)),
-        ("LPOP", lambda: client.lpop(signal)),
-        ("ZADD", lambda: client.zadd(queue, {"probe": 1}, nx=True)),
-        ("ZREM", lambda: client.zrem(queue, "probe")),
+    def exec_() -> object:
+        try:
+            _one_connection(client, lock, ("MULTI",))
+        except redis.ResponseError:
+            return None  # MULTI's own probe says so; EXEC cannot be tried without it
+        return _one_connection(client, lock, ("MULTI",), ("EXEC",))
+
+    return {
+        "PING": client.ping,
+        "TIME": client.time,
+        "SET": lambda: client.set(lock, "probe", nx=True, px=_PROBE_MS),
+        "GET": lambda: client.get(lock),
+        "MGET": lambda: client.mget([lock, k["SLOT"]]),
+        "PTTL": lambda: client.pttl(lock),
+        "PEXPIRE": lambda: client.pexpire(lock, _PROBE_MS),
+        "SETRANGE": lambda: client.setrange(lock, 0, "p"),
+        "GETSET": lambda: client.getset(lock, "probe"),
+        "RPUSH": lambda: client.rpush(signal, "1"),
+        "BLPOP": lambda: client.blpop([signal], timeout=0.01),
+        "LPOP": lambda: client.lpop(signal),
+        "ZADD": lambda: client.zadd(queue, {"probe": 1}, nx=True),
+        "ZCARD": lambda: client.zcard(queue),
+        "ZRANGE": lambda: client.zrange(queue, 0, 0, withscores=True),
+        "ZPOPMIN": lambda: client.zpopmin(queue),
+        "ZREM": lambda: client.zrem(queue, "probe"),
+        "ZREMRANGEBYSCORE": lambda: client.zremrangebyscore(k["STARTS"], "-inf", 0),
+        "HSET": lambda: client.hset(pending, "id", "probe"),
+        "HEXISTS": lambda: client.hexists(pending, "id"),
+        "HGET": lambda: client.hget(pending, "id"),
+        "HMGET": lambda: client.hmget(pending, ["id", "token"]),
+        "WATCH": lambda: _one_connection(client, lock, ("WATCH", lock)),
+        "UNWATCH": lambda: _one_connection(client, lock, ("UNWATCH",)),
+        "MULTI": lambda: _one_connection(client, lock, ("MULTI",)),
+        "EXEC": exec_,
+        "WAIT": lambda: wait_for_replicas(client, lock, k["SYNC"], 0, 10),
+        "SCRIPT LOAD": lambda: client.script_load("return 1"),
+        "EVALSHA": evalsha,
+        "SCAN": lambda: next(iter(client.scan_iter(match=lock, count=10)), None),
+        "TYPE": lambda: client.type(lock),
+        "DEL": lambda: client.delete(*_probe_keys(key).values()),
+    }
+
+
+def _probes(client: LockClient, key: str, scripting: bool) -> list[tuple[str, Probe, bool]]:
+    """(command, call, needed by the locks themselves) for every command the locks of this
+    mode and the admin tools use; the others' probes are left out."""
+    needed = needed_commands(scripting)
+    wanted = needed | set(ADMIN_COMMANDS)
+    return [
+        (command, probe, command in needed)
+        for command, probe in _probe_table(client, key).items()
+        if command in wanted
     ]
-    if scripting:
-        mode: list[tuple[str, Probe]] = [
-            ("SETRANGE", lambda: client.setrange(key, 0, "p")),
-            ("ZPOPMIN", lambda: client.zpopmin(queue)),
-            ("ZCARD", lambda: client.zcard(queue)),
-            ("SCRIPT LOAD", lambda: client.script_load("return 1")),
-            ("EVALSHA", evalsha),
-        ]
-    else:
-        mode = [
-            ("GETSET", lambda: client.getset(key, "probe")),
-            ("WATCH/MULTI/EXEC", transaction),
-        ]
-    cleanup: list[tuple[str, Probe]] = [
-        ("SET (done marker)", lambda: client.set(done, "probe", px=_PROBE_MS)),
-        ("DEL", lambda: client.delete(key, signal, done, queue)),
-    ]
-    admin: list[tuple[str, Probe]] = [
-        ("SCAN", lambda: next(iter(client.scan_iter(match=key, count=10)), None)),
-        ("TYPE", lambda: client.type(key)),
-    ]
-    return [(n, f, True) for n, f in [*common, *mode, *cleanup]] + [(n, f, False) for n, f in admin]
 
 
 def _permissions(client: LockClient, prefix: str, scripting: bool) -> list[Check]:
@@ -230,7 +339,7 @@ def _permissions(client: LockClient, prefix: str, scripting: bool) -> list[Check
                 (refused if needed else admin_refused).append(f"{command} ({_why(exc)})")
     finally:
         with contextlib.suppress(redis.RedisError):  # else they expire within seconds
-            client.delete(key, companion_key(key, "signal"), companion_key(key, "done"))
+            client.delete(*_probe_keys(key).values())
     mode = "scripted" if scripting else "plain-command"
     if refused:
         missing = f"the {mode} locks need, on keys like {key!r}: " + ", ".join(refused)

@@ -200,15 +200,25 @@ def _age(row: LockRow, now_us: int) -> float | None:
 
 
 def _row_json(state: LockState, row: LockRow, now_us: int) -> dict[str, Any]:
-    return {**row.as_json(), "state": _state_of(row), "age": _age(row, now_us),
-            "waiters": state.waiters, "pending": state.pending}  # fmt: skip
+    return {
+        **row.as_json(),
+        "state": _state_of(row),
+        "age": _age(row, now_us),
+        "waiters": state.waiters,
+        "pending": state.pending,
+    }
 
 
 def _row_cells(state: LockState, row: LockRow, now_us: int) -> tuple[str, ...]:
     age = _age(row, now_us)
     waiters = ", ".join(state.waiters[:3]) + (" ..." if len(state.waiters) > 3 else "")
-    return (*row.cells(), _state_of(row), f"{age}s" if age is not None else "-",
-            waiters or "-", state.pending or "-")  # fmt: skip
+    return (
+        *row.cells(),
+        _state_of(row),
+        f"{age}s" if age is not None else "-",
+        waiters or "-",
+        state.pending or "-",
+    )
 
 
 # ------------------------------------------------------------------------------ clear
@@ -541,8 +551,9 @@ def reap_locks(ctx: click.Context, dry_run: bool, watch: float | None, pattern: 
     match = pattern if pattern is not None else prefix_pattern(settings.prefix)
     seconds = watch if watch is not None else settings.timeout / 3 + 1.0
     with _redis_errors(settings.url):
-        reaped = reap(app, client, match, watch=seconds, dry_run=dry_run,
-                      scripting=settings.scripting)  # fmt: skip
+        reaped = reap(
+            app, client, match, watch=seconds, dry_run=dry_run, scripting=settings.scripting
+        )
     for found in reaped:
         verb = "would free" if dry_run else ("freed" if found.freed else "left (changed hands)")
         click.echo(f"{verb} {found.key} task {found.task_id or '-'}: {found.why}")

@@ -174,9 +174,15 @@ def _expiries(client: LockClient, keys: Sequence[str]) -> dict[str, int | None]:
 
 
 def reap(
-    app: Celery, client: LockClient, pattern: str, *, watch: float, dry_run: bool,
-    scripting: bool = True, inspect_timeout: float = INSPECT_TIMEOUT,
-) -> list[Reaped]:  # fmt: skip
+    app: Celery,
+    client: LockClient,
+    pattern: str,
+    *,
+    watch: float,
+    dry_run: bool,
+    scripting: bool = True,
+    inspect_timeout: float = INSPECT_TIMEOUT,
+) -> list[Reaped]:
     """Free (unless ``dry_run``) every hold under ``pattern`` whose holder is proven gone
     (see the module docstring), watching renewals for ``watch`` seconds."""
     holds = [
@@ -205,9 +211,12 @@ def reap(
 
 
 def _gone(
-    row: LockRow, before: int | None, after: int | None, known: set[str] | None,
+    row: LockRow,
+    before: int | None,
+    after: int | None,
+    known: set[str] | None,
     messages: Iterable[bytes] | None,
-) -> str | None:  # fmt: skip
+) -> str | None:
     """Why ``row``'s holder is proven gone, or None when it is not."""
     if after is None or before is None or after != before:
         return None  # released, taken over, or renewed while we watched
@@ -233,8 +242,9 @@ def _free(client: LockClient, row: LockRow, scripting: bool) -> bool:
         return False  # it changed hands since we looked
     lock, suffix = base_of(row.key)
     limit = int(suffix.split(":", 1)[1]) if suffix.startswith("slot:") else 1
-    owner = RedisLock(client, lock, token=value.token, scripting=scripting,
-                      limit=limit if scripting else 1)  # fmt: skip
+    owner = RedisLock(
+        client, lock, token=value.token, scripting=scripting, limit=limit if scripting else 1
+    )
     try:
         owner.release()
     except Exception:  # noqa: BLE001 - not owned any more, or Redis refused: not freed

@@ -11,12 +11,12 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from celery_singleton_lock import LockError, RedisLock
-from celery_singleton_lock.engine._scripts import _PARSE
+from celery_singleton_lock.engine.scripts import include
 from celery_singleton_lock.engine.value import MAX_EXACT, parse_value
 from celery_singleton_lock.testing import RedisServer
 
 VERDICT = (
-    _PARSE
+    include("value")
     + """
 local e, flag_at, fence, token = parse(ARGV[1])
 if e == nil then return {'foreign'} end

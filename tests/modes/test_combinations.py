@@ -17,7 +17,8 @@ from celery.exceptions import ImproperlyConfigured
 
 from celery_singleton_lock import LockedTask
 from celery_singleton_lock.config import clear_settings
-from celery_singleton_lock.options import COMBINATIONS, parse_rate, validate_task_options
+from celery_singleton_lock.modes import COMBINATIONS
+from celery_singleton_lock.options import parse_rate, validate_task_options
 from celery_singleton_lock.runtime import locking_for
 from celery_singleton_lock.testing import RedisServer
 from tests.modes.badproj import QUEUE

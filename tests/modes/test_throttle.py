@@ -16,8 +16,8 @@ import redis
 from celery import Celery
 
 from celery_singleton_lock import LockedTask, RedisLock, TaskLocked, TaskThrottled, skip_info
-from celery_singleton_lock._modes import next_start, starts_key
 from celery_singleton_lock.config import clear_settings
+from celery_singleton_lock.modes.throttle import next_start, starts_key
 from celery_singleton_lock.signals import lock_throttled
 from celery_singleton_lock.testing import CeleryWorker
 from tests.modes.conftest import ledger, recorded, wait_signal

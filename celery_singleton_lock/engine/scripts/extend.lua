@@ -1,0 +1,21 @@
+-- EXTEND: owner-checked new lease end, from the server's now.
+-- KEYS[1] lock key (or the slot held)
+-- ARGV[1] owner token, ARGV[2] new lease ms (from server now)
+-- returns the new expiry ms, or 0 when not owned (nothing done)
+--@include clock
+--@include lease
+--@include owner
+local current = redis.call('GET', KEYS[1])
+if not current then return 0 end
+local flag, fence, info = owned(current, ARGV[1])
+if not flag then return 0 end
+local lease = tonumber(ARGV[2])
+local now = clock()
+local expiry = now + lease
+local ttl = key_ttl(lease)
+-- PEXPIRE first: a write that never needs memory. Once a script has written, Redis lets its
+-- later writes through even at maxmemory, so a holder can renew while the server refuses
+-- writes that grow memory (the same value length: the SET does not grow it).
+redis.call('PEXPIRE', KEYS[1], ttl)
+redis.call('SET', KEYS[1], format_value(expiry, flag, ARGV[1], fence, info), 'PX', ttl)
+return expiry

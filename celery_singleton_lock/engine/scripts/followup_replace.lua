@@ -1,0 +1,31 @@
+-- FOLLOWUP_REPLACE (lock_on_conflict="replace"): one call made while the key may be held.
+-- KEYS[1] lock key, KEYS[2] pending follow-up <base>${K_PENDING}
+-- ARGV[1..8] as FOLLOWUP_CALL, ARGV[9] '1' to take a running holder's lock over too (it is
+-- revoked), ARGV[10] the queue lease (ms) of this call's lock
+-- returns {0}: the lock is free: take it as usual
+--         {1, superseded task id}: the holder was still queued: the lock is this call's now
+--            (a new fencing token); publish it; the superseded message will not run
+--         {2, task id}: the holder runs: this call is (now) its follow-up
+--         {3, superseded task id}: the holder runs and ARGV[9] is '1': the lock is this
+--            call's now; revoke the holder and publish this call
+-- A superseded task id is marked in <base>${K_SUPERSEDED}<task id> (value: ARGV[1]).
+--@include clock
+--@include pending
+--@include write
+--@include base
+local now, now_us = clock()
+local is_held, current = held(KEYS[1], now)
+if not is_held then return {0} end
+local _, token, fence, info = fields(current)
+local ok, holder = pcall(cjson.decode, info or '')
+if not token or not ok or type(holder) ~= 'table' or not holder.task_id then
+  return {2, pend(KEYS[2], ARGV, 1)}  -- a holder we cannot supersede: follow it
+end
+if holder.queued ~= true and ARGV[9] ~= '1' then
+  return {2, pend(KEYS[2], ARGV, 1)}
+end
+write(KEYS[1], ARGV[2], math.max(now_us, tonumber(fence) + 1), ARGV[3], now, tonumber(ARGV[10]))
+redis.call('SET', base(KEYS[1]) .. '${K_SUPERSEDED}' .. holder.task_id, ARGV[1], 'PX',
+  tonumber(ARGV[10]))
+redis.call('DEL', KEYS[2])
+return {holder.queued == true and 1 or 3, holder.task_id}

@@ -1,0 +1,87 @@
+"""The registry of modes: every conflict policy, scope and mode, and the rules about which
+options go together.
+
+A task's effective options select one conflict policy (``lock_on_conflict``), one scope
+(``lock_scope``) and the modes whose ``applies`` says yes; :func:`plan_for` puts them in
+the order the pipelines call their hooks. Adding a mode is a module of its own with a
+:class:`~.base.Mode` subclass, one line in :data:`MODES` (or :data:`POLICIES`), its option
+rows in :mod:`celery_singleton_lock.options` and its docs.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Mapping
+from dataclasses import dataclass
+from types import MappingProxyType
+
+from celery.exceptions import ImproperlyConfigured
+
+from celery_singleton_lock.modes.base import ConflictPolicy, Mode, Scope
+from celery_singleton_lock.modes.debounce import Debounce
+from celery_singleton_lock.modes.followup import Coalesce, Replace
+from celery_singleton_lock.modes.lifetime import HoldAfterSuccess, ReleaseAtStart
+from celery_singleton_lock.modes.policies import Raise, Retry, Skip, Wait
+from celery_singleton_lock.modes.scope import QueueScope, RunScope
+from celery_singleton_lock.modes.throttle import Throttle
+from celery_singleton_lock.options import OPTION_RULES, Combination, LockOptions, Settings
+
+__all__ = [
+    "COMBINATIONS",
+    "MODES",
+    "POLICIES",
+    "SCOPES",
+    "ConflictPolicy",
+    "Mode",
+    "Plan",
+    "Scope",
+    "check_combinations",
+    "plan_for",
+]
+
+#: ``lock_on_conflict`` values and the policy each one names.
+POLICIES: Mapping[str, ConflictPolicy] = MappingProxyType(
+    {policy.name: policy for policy in (Skip(), Wait(), Retry(), Raise(), Coalesce(), Replace())}
+)
+#: ``lock_scope`` values and the scope each one names.
+SCOPES: Mapping[str, Scope] = MappingProxyType(
+    {scope.name: scope for scope in (RunScope(), QueueScope())}
+)
+#: The modes some options switch on, in the order their hooks run.
+MODES: tuple[type[Mode], ...] = (Debounce, Throttle, ReleaseAtStart, HoldAfterSuccess)
+
+#: Every rule about options that cannot go together: the options' own, then each mode's.
+COMBINATIONS: tuple[Combination, ...] = OPTION_RULES + tuple(
+    rule
+    for kind in (*(type(policy) for policy in POLICIES.values()), *MODES)
+    for rule in kind.__dict__.get("rules", ())
+)
+
+
+@dataclass(frozen=True)
+class Plan:
+    """What the pipelines call for one set of effective options."""
+
+    policy: ConflictPolicy
+    scope: Scope
+    modes: tuple[Mode, ...]
+
+    @property
+    def hooks(self) -> tuple[Mode, ...]:
+        """Everyone whose hooks a phase calls, in order: the scope, the modes, the policy."""
+        return (self.scope, *self.modes, self.policy)
+
+
+@functools.lru_cache(maxsize=256)
+def plan_for(options: LockOptions) -> Plan:
+    """The plan of a task (or of one call with per-call options)."""
+    modes = tuple(mode() for mode in MODES if mode.applies(options))
+    return Plan(POLICIES[options.on_conflict], SCOPES[options.scope], modes)
+
+
+def check_combinations(options: LockOptions, where: str, settings: Settings | None = None) -> None:
+    """Raise ``ImproperlyConfigured`` naming every rule of :data:`COMBINATIONS` that
+    ``options`` break (one line, prefixed by ``where``, e.g. ``"task 'proj.sync'"``)."""
+    broken = [rule.message for rule in COMBINATIONS if rule.invalid(options, settings)]
+    if broken:
+        raise ImproperlyConfigured(f"{where}: " + "; ".join(broken))

@@ -1,0 +1,248 @@
+"""What a mode is, and what it may see of a run or a call: the contract between the
+pipelines of :mod:`celery_singleton_lock.runtime` and the modes.
+
+The run pipeline calls, for one delivery of a message, in this order: ``deliver`` (before
+the lock is tried), the conflict policy's ``acquire`` and, when the key stays held, its
+``conflict``; then ``admit`` (the run holds its key: may it start?), ``start`` (the body is
+about to run), and ``release`` when the run ends. The publish pipeline calls
+``before_publish`` and, for a queue-scope call whose key is held, the policy's
+``publish_conflict``. Every hook has a default that does nothing, so a mode implements only
+the phases it changes. A mode sees the run through :class:`Run` and the call through
+:class:`Publish`; the runtime's objects satisfy these protocols, and modes import nothing
+from the runtime.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol
+
+if TYPE_CHECKING:
+    from celery.result import AsyncResult
+
+    from celery_singleton_lock._observe import RunLock
+    from celery_singleton_lock.engine import Holder, RedisLock
+    from celery_singleton_lock.engine.atomic import Handed, Record
+    from celery_singleton_lock.engine.wire import LockClient
+    from celery_singleton_lock.options import Combination, LockOptions, Settings
+
+    AnyResult = AsyncResult[Any]
+
+__all__ = ["ConflictPolicy", "Mode", "Publish", "Release", "Run", "Scope"]
+
+
+class Release(Protocol):
+    """A hold that is being given up: at the end of a run, or for a run that was lost (its
+    process died, or it was revoked) by the process that noticed."""
+
+    @property
+    def task(self) -> Any: ...
+    @property
+    def task_id(self) -> str: ...
+    @property
+    def lock(self) -> RedisLock: ...
+    @property
+    def options(self) -> LockOptions: ...
+    @property
+    def record(self) -> Record | None:
+        """What the release writes in the same step (queue scope: who finished), or None."""
+
+    def republish(self, handed: Handed) -> None:
+        """Publish a follow-up that was just handed this key, past the lock."""
+
+
+class Run(Release, Protocol):
+    """One delivery of a message of a locked task, from its first try of the lock."""
+
+    @property
+    def request(self) -> Any: ...
+    @property
+    def key(self) -> str: ...
+    @property
+    def lock(self) -> RunLock: ...
+    @property
+    def settings(self) -> Settings: ...
+    @property
+    def client(self) -> LockClient: ...
+    @property
+    def policy(self) -> ConflictPolicy:
+        """The conflict policy this attempt applies (see :meth:`ConflictPolicy.for_attempt`)."""
+
+    @property
+    def scope(self) -> Scope: ...
+    @property
+    def started(self) -> float:
+        """``time.monotonic()`` when the run first tried its lock."""
+
+    @property
+    def retries(self) -> int: ...
+    @property
+    def eager(self) -> bool: ...
+    @property
+    def redelivered(self) -> bool:
+        """Whether this delivery may repeat one that already ran (a broker redelivery, or a
+        message republished because an earlier delivery of it held the key)."""
+
+    def header(self, name: str) -> Any:
+        """A header of the delivered message (None when absent)."""
+
+    def retry(
+        self,
+        exc: BaseException,
+        countdown: float,
+        *,
+        counted: bool = True,
+        duplicate: bool = False,
+    ) -> BaseException:
+        """The ``Retry`` to raise for a retry the lock asks for: published past the queue
+        lock, carrying this run's key and options. ``counted=False``: it does not count
+        against the task's ``max_retries``. ``duplicate``: an earlier delivery of this
+        message held the key, so the retried run checks that it did not finish the work."""
+
+    def outage(self, exc: BaseException, *, going_on: str = "running UNLOCKED") -> None:
+        """The lock Redis failed (``exc``): give back what the run holds and raise the retry
+        that waits for Redis; or, when ``singleton_lock_fail_open`` is set, log that the run
+        goes on (``going_on``) and return."""
+
+    def give_back(self) -> None:
+        """Release the run's hold now (owner-checked; a failure is logged, not raised)."""
+
+    def queued_lock(self) -> RedisLock:
+        """The lock of this run's message, claiming the run's hold (queue scope)."""
+
+
+class Publish(Protocol):
+    """One ``apply_async`` of a locked task, after its ``lock_*`` options were taken out."""
+
+    @property
+    def task(self) -> Any: ...
+    @property
+    def args(self) -> tuple[Any, ...]: ...
+    @property
+    def kwargs(self) -> dict[str, Any]: ...
+    @property
+    def options(self) -> LockOptions: ...
+    @property
+    def publish_options(self) -> dict[str, Any]:
+        """What goes to Celery's ``apply_async`` (routing, countdown, headers ...)."""
+
+    @property
+    def client(self) -> LockClient: ...
+    @property
+    def serializer(self) -> str: ...
+    @property
+    def task_id(self) -> str: ...
+
+    def key(self) -> str:
+        """The lock key of this call's arguments (as the worker will compute it)."""
+
+    def send(self, *, task_id: str | None = None, keyed: bool = False, **extra: Any) -> AnyResult:
+        """Publish without a queue lock (``extra`` overrides publish options; ``headers`` in
+        it are added to the call's own); ``keyed``: the message carries this call's key."""
+
+    def send_locked(self, lock: RedisLock, task_id: str) -> AnyResult:
+        """Publish a call whose queue lock ``lock`` holds; a failed publish frees it."""
+
+    def queue_lock(self, task_id: str) -> RedisLock:
+        """The queue lock a publish of ``task_id`` takes (a token derived from the id)."""
+
+    def result(self, task_id: str) -> AnyResult: ...
+
+
+class Mode:
+    """Behaviour that some options switch on. Subclasses override the hooks of the phases
+    they change; ``rules`` are the option combinations they refuse (checked at worker start
+    and on every call with per-call options)."""
+
+    #: The option values this mode stands for (its docs and registry name).
+    name: ClassVar[str] = ""
+    rules: ClassVar[tuple[Combination, ...]] = ()
+
+    @classmethod
+    def applies(cls, options: LockOptions) -> bool:
+        """Whether a task with these effective options uses this mode."""
+        return False
+
+    # -- the run pipeline, in order ---------------------------------------------------------
+
+    def deliver(self, run: Run) -> None:
+        """A message was delivered; the lock is not tried yet. Raise ``Ignore`` to end the
+        delivery without running it."""
+
+    def admit(self, run: Run) -> bool:
+        """The run holds its key: False ends it without running the body (the mode gave
+        the key back or dealt with it). May raise (a retry, an error)."""
+        return True
+
+    def start(self, run: Run) -> bool:
+        """The body is about to run: False when the run no longer holds the key from here on
+        (nothing is released at its end)."""
+        return True
+
+    def release(self, ending: Release, state: str | None) -> bool:
+        """The hold is being given up (``state``: how the run ended, None for a lost run):
+        True when the mode dealt with the key itself (handed it on, kept it)."""
+        return False
+
+    # -- the publish pipeline ---------------------------------------------------------------
+
+    def before_publish(self, call: Publish) -> AnyResult | None:
+        """A call is being published: the result when the mode published it (or decided
+        that nothing is published), None to go on."""
+        return None
+
+
+class Scope(Mode):
+    """When the lock is taken: at the start of a run, or at publish (held from enqueue)."""
+
+    #: Whether a publish takes the lock (and a duplicate call publishes nothing).
+    at_publish: ClassVar[bool] = False
+
+    def claim(self, task_id: str, options: LockOptions) -> str | None:
+        """The owner token whose hold a delivery of ``task_id`` takes over, if any."""
+        return None
+
+    def carried_key(self, run_key: str | None) -> str | None:
+        """The key a run locks when its message carries one (``run_key``), else None."""
+        return None
+
+    def retried(self, ending: Release) -> bool:
+        """The run ended in a retry: True when the retried message took its hold over."""
+        return False
+
+    def finished_record(self, ending: Release, state: str | None) -> Record | None:
+        """What a release writes about a run that ended in ``state`` (None: nothing)."""
+        return None
+
+    def hand_back(self, run: Run) -> None:
+        """A run gives its key back before starting, to come again later."""
+        run.give_back()
+
+
+class ConflictPolicy(Mode):
+    """What a run or a queue-scope call does when its key is held (``lock_on_conflict``)."""
+
+    #: The policy name reported by signals.
+    reported: ClassVar[str] = ""
+
+    def for_attempt(self, retries: int) -> ConflictPolicy:
+        """The policy of an attempt that is retry number ``retries`` (0: the first)."""
+        return self
+
+    def acquire(self, run: Run) -> bool:
+        """Take the run's lock: a single try unless the policy waits."""
+        return run.lock.acquire(blocking=False)
+
+    def conflict(self, run: Run, holder: Holder | None) -> Any:
+        """The key stayed held by ``holder``: the run's result, or raise."""
+        raise NotImplementedError
+
+    def throttled(self, run: Run, retry_in: float) -> bool:
+        """The run holds its key but its start rate is used up (the next start is free in
+        ``retry_in`` seconds): True to look again (the mode waited), False to skip; or
+        raise. The key is given back unless True is returned."""
+        raise NotImplementedError
+
+    def publish_conflict(self, call: Publish, lock: RedisLock) -> AnyResult:
+        """A queue-scope call found its key held (``lock`` tried it): the result the caller
+        gets, or raise."""
+        raise NotImplementedError

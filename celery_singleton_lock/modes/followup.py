@@ -1,0 +1,223 @@
+"""``lock_on_conflict="coalesce"`` and ``"replace"``: one pending follow-up per queued key.
+
+A follow-up is the one call that runs after the current holder of a key. It is a hash beside
+the lock (``keyspace.PENDING``): its task id, the owner token and holder info its queue lock
+will carry, and the call itself (serialized arguments, publish options). The first call made
+while the key is held creates it under its own task id; later calls replace its arguments
+and options but keep that task id, so every one of them gets the same ``AsyncResult``. When
+the holder's run ends (or is lost), one engine script checks that the holder still owns the
+lock, writes the lock for the follow-up's queue token (a new fencing token, the queue
+lease), deletes the hash and hands the call back; the releasing process publishes it under
+that task id, past the lock. Nobody else can consume the hash, so it is published once.
+
+``replace`` goes further while the holder is still *queued* (its message not yet running):
+the new call takes the lock over at once (a new fencing token), the superseded task id is
+marked in Redis and stored as REVOKED in the result backend, and when its message is
+delivered it ends without running (``Ignore``: nothing overwrites the REVOKED state). A
+running holder is left to finish and the new call becomes its follow-up, unless
+``lock_replace_running`` asks to revoke it (terminate) and take the lock over at once.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from typing import TYPE_CHECKING, Any, ClassVar
+
+from celery import states
+from celery.exceptions import Ignore
+from kombu.serialization import dumps
+
+from celery_singleton_lock import _observe as observe
+from celery_singleton_lock.engine import atomic
+from celery_singleton_lock.exceptions import LockBackendError, TaskLocked, TaskThrottled
+from celery_singleton_lock.modes.base import ConflictPolicy
+from celery_singleton_lock.modes.policies import countdown, tell
+from celery_singleton_lock.options import Combination
+
+if TYPE_CHECKING:
+    from celery_singleton_lock.engine import Holder, RedisLock
+    from celery_singleton_lock.modes.base import AnyResult, Publish, Release, Run
+    from celery_singleton_lock.options import LockOptions
+
+__all__ = ["Coalesce", "Replace"]
+
+log = logging.getLogger("celery_singleton_lock.task")
+
+#: The publish options a follow-up keeps (routing); a countdown or eta of the call that
+#: created it is not kept: a follow-up runs when its holder ends.
+KEPT_OPTIONS = ("queue", "routing_key", "exchange", "priority", "headers", "serializer")
+#: How often a call tries again when the key changes hands under it.
+FOLLOW_TRIES = 8
+#: A pending follow-up is kept at least this long (seconds), or the queue lease if longer.
+MIN_KEEP = 86_400
+
+
+def _pending(call: Publish, task_id: str) -> atomic.Pending:
+    """This call as the follow-up it would become."""
+    lock = call.queue_lock(task_id)
+    options = call.publish_options
+    content_type, encoding, body = dumps(
+        [list(call.args), dict(call.kwargs)], serializer=call.serializer
+    )
+    kept = {name: options[name] for name in KEPT_OPTIONS if options.get(name) is not None}
+    keep_ms = max(1, int(max(call.options.queue_timeout, MIN_KEEP) * 1000))
+    data = body if isinstance(body, bytes) else str(body).encode()
+    return atomic.Pending(
+        task_id,
+        lock.token or "",
+        lock.holder_info,
+        data,
+        content_type,
+        encoding,
+        json.dumps(kept, default=str),
+        keep_ms,
+    )
+
+
+class Coalesce(ConflictPolicy):
+    """Calls made while the key is held collapse into one follow-up with the latest
+    arguments, run once the holder ends."""
+
+    name = reported = "coalesce"
+    rules: ClassVar[tuple[Combination, ...]] = (
+        Combination(
+            lambda o, _: o.on_conflict in ("coalesce", "replace") and o.scope != "queue",
+            "lock_on_conflict='coalesce' or 'replace' needs lock_scope='queue' (they keep one "
+            "follow-up per queued key)",
+        ),
+        Combination(
+            lambda o, _: o.on_conflict in ("coalesce", "replace") and o.limit != 1,
+            "lock_on_conflict='coalesce' or 'replace' needs lock_limit=1 (one holder, one "
+            "follow-up)",
+        ),
+        Combination(
+            lambda o, _: o.on_conflict in ("coalesce", "replace") and o.release != "end",
+            "lock_on_conflict='coalesce' or 'replace' needs lock_release='end' (the follow-up "
+            "takes the key when its holder's run ends)",
+        ),
+        Combination(
+            lambda o, _: o.debounce is not None and o.on_conflict in ("coalesce", "replace"),
+            "lock_debounce cannot be combined with lock_on_conflict='coalesce' or 'replace' (a "
+            "burst already keeps one call)",
+        ),
+    )
+
+    @classmethod
+    def applies(cls, options: LockOptions) -> bool:
+        return options.on_conflict == cls.name
+
+    # -- a run whose queued lock was lost meanwhile comes back ---------------------------
+
+    def conflict(self, run: Run, holder: Holder | None) -> Any:
+        tell(run, "retry", holder)
+        exc = TaskLocked(run.key, holder.task_id if holder else None)
+        raise run.retry(exc, countdown(run.options, holder, run.retries))
+
+    def throttled(self, run: Run, retry_in: float) -> bool:
+        run.give_back()
+        raise TaskThrottled(run.key, retry_in)
+
+    # -- the end of the holder's run hands the key to the follow-up ------------------------
+
+    def release(self, ending: Release, state: str | None) -> bool:
+        if state == states.RETRY:
+            return False  # a retried run keeps the key for its retry (or frees it)
+        lock = ending.lock
+        lease_ms = max(1, int(ending.options.queue_timeout * 1000))
+        try:
+            handed = atomic.hand_over(lock, lease_ms, ending.record)
+        except LockBackendError as exc:
+            log.error("could not hand %s over to its follow-up: %s", lock.name, exc)
+            return False
+        if handed is None:
+            return False
+        lock.detach()
+        if state is None:
+            log.warning(
+                "lock %s of lost or revoked task %s[%s] handed to its follow-up",
+                lock.name,
+                ending.task.name,
+                ending.task_id,
+            )
+        else:
+            observe.released(ending.task, lock, ending.task_id, ending.options, state)
+        ending.republish(handed)
+        return True
+
+    # -- a call while the key is held -------------------------------------------------------
+
+    def publish_conflict(self, call: Publish, lock: RedisLock) -> AnyResult:
+        key = lock.name
+        for _ in range(FOLLOW_TRIES):
+            found = self._follow(call, key)
+            if found.outcome == "follow":
+                observe.conflict(call.task, key, None, policy=self.name, scope="queue")
+                observe.coalesced(call.task, key, str(found.task_id), scope="queue")
+                log.info(
+                    "%s[%s] not published: it is the follow-up %s of %s",
+                    call.task.name,
+                    call.task_id,
+                    found.task_id,
+                    key,
+                )
+                return call.result(str(found.task_id))
+            if found.outcome in ("superseded", "revoke"):
+                return self._superseded(call, key, str(found.task_id), found.outcome)
+            chosen = str(found.task_id) if found.outcome == "adopt" else call.task_id
+            queued = call.queue_lock(chosen)
+            if queued.acquire(blocking=False):
+                return call.send_locked(queued, chosen)
+        raise TaskLocked(key, None, f"lock {key!r} kept changing hands; {self.name} gave up")
+
+    def _follow(self, call: Publish, key: str) -> atomic.Followed:
+        return atomic.follow(call.client, key, _pending(call, call.task_id))
+
+    def _superseded(self, call: Publish, key: str, old: str, outcome: str) -> AnyResult:
+        raise AssertionError("coalesce never supersedes")  # pragma: no cover
+
+
+class Replace(Coalesce):
+    """A new call supersedes a queued holder (and, with ``lock_replace_running``, a running
+    one); a running holder otherwise gets the call as its follow-up."""
+
+    name = reported = "replace"
+    rules: ClassVar[tuple[Combination, ...]] = (
+        Combination(
+            lambda o, _: o.replace_running and o.on_conflict != "replace",
+            "lock_replace_running is only meaningful with lock_on_conflict='replace'",
+        ),
+    )
+
+    def conflict(self, run: Run, holder: Holder | None) -> Any:
+        by = atomic.superseded_by(run.client, run.key, run.task_id)
+        if by is not None:
+            observe.superseded(run.task, run.key, run.task_id, by=by, running=False)
+            log.info("%s[%s] not run: superseded by %s", run.task.name, run.task_id, by)
+            raise Ignore
+        return super().conflict(run, holder)
+
+    def _follow(self, call: Publish, key: str) -> atomic.Followed:
+        lease_ms = max(1, int(call.options.queue_timeout * 1000))
+        return atomic.replace(
+            call.client,
+            key,
+            _pending(call, call.task_id),
+            running=call.options.replace_running,
+            lease_ms=lease_ms,
+        )
+
+    def _superseded(self, call: Publish, key: str, old: str, outcome: str) -> AnyResult:
+        task, task_id = call.task, call.task_id
+        running = outcome == "revoke"
+        if running:
+            task.app.control.revoke(old, terminate=True)
+        try:
+            task.backend.mark_as_revoked(old, reason=f"superseded by {task_id}")
+        except Exception:  # a disabled or unreachable result backend: the log says it
+            log.warning("could not store REVOKED for superseded task %s", old, exc_info=True)
+        observe.conflict(task, key, None, policy="replace", scope="queue", holder_task_id=old)
+        observe.superseded(task, key, old, by=task_id, running=running)
+        log.info("%s[%s] supersedes %s (%s)", task.name, task_id, old, key)
+        # The script took the key for this call already.
+        return call.send_locked(call.queue_lock(task_id), task_id)

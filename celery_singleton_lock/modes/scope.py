@@ -1,0 +1,111 @@
+"""``lock_scope``: when a call's lock is taken.
+
+``run`` (the default) takes it just before the body and releases it when the run ends.
+``queue`` takes it in ``apply_async`` under an owner token derived from the task id, so the
+run of that very message (and its retries) owns it, and a duplicate call publishes nothing.
+The delivery that runs the message claims that hold under a token of its own, so a second
+delivery of the same message is a rival. A queue-scope run that ends records its task id
+beside the key (``keyspace.DONE``), so a late duplicate delivery does not run it again.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+from typing import TYPE_CHECKING
+
+from celery import states
+
+from celery_singleton_lock.engine.keyspace import DONE, companion_key
+from celery_singleton_lock.engine.wire import call
+from celery_singleton_lock.exceptions import LockBackendError
+from celery_singleton_lock.modes.base import Scope
+
+if TYPE_CHECKING:
+    from celery_singleton_lock.engine import RedisLock
+    from celery_singleton_lock.engine.atomic import Record
+    from celery_singleton_lock.modes.base import Release, Run
+    from celery_singleton_lock.options import LockOptions
+
+__all__ = ["QueueScope", "RunScope", "finished", "queue_token", "task_group"]
+
+log = logging.getLogger("celery_singleton_lock.task")
+
+
+def queue_token(task_id: str, limit: int = 1) -> str:
+    """The owner token of a queue-scope lock: a function of the task id alone, so the
+    producer, the run and every retry of that message are the same owner. With slots
+    (``limit`` > 1) it belongs to the task's group, so it never holds a second slot."""
+    if limit > 1:
+        return task_group(task_id) + "q"
+    if ":" in task_id or not task_id:
+        return "q-" + hashlib.sha256(task_id.encode()).hexdigest()[:32]
+    return "q-" + task_id
+
+
+def task_group(task_id: str) -> str:
+    """The token prefix of every hold of one task id (its publish and its deliveries): a
+    lock with slots never gives one group two slots."""
+    return "t" + hashlib.sha256(task_id.encode()).hexdigest()[:16] + "-"
+
+
+def finished(lock: RedisLock, task_id: str) -> bool:
+    """Whether a run of ``task_id`` finished under ``lock``'s key within the queue lease."""
+    done = call(lock.name, lock.client.get, companion_key(lock.name, DONE))
+    return done is not None and (done.decode() if isinstance(done, bytes) else done) == task_id
+
+
+def _ms(seconds: float) -> int:
+    return max(1, int(seconds * 1000))
+
+
+class RunScope(Scope):
+    """Held while the body executes."""
+
+    name = "run"
+
+
+class QueueScope(Scope):
+    """Held from ``apply_async`` until the run of that message ends."""
+
+    name = "queue"
+    at_publish = True
+
+    def claim(self, task_id: str, options: LockOptions) -> str | None:
+        return queue_token(task_id, options.limit)
+
+    def carried_key(self, run_key: str | None) -> str | None:
+        return run_key
+
+    def admit(self, run: Run) -> bool:
+        """A redelivered copy of a message whose first delivery finished does not run."""
+        if run.redelivered and finished(run.lock, run.task_id):
+            run.lock.release()
+            log.info(
+                "%s[%s] not run again: an earlier delivery of it finished",
+                run.task.name,
+                run.task_id,
+            )
+            return False
+        return True
+
+    def retried(self, ending: Release) -> bool:
+        return ending.lock.fencing_token is None  # the retried message took the hold over
+
+    def finished_record(self, ending: Release, state: str | None) -> Record | None:
+        if state == states.RETRY:
+            return None
+        key = companion_key(ending.lock.name, DONE)
+        return key, ending.task_id, _ms(ending.options.queue_timeout)
+
+    def hand_back(self, run: Run) -> None:
+        """The hold goes back to the run's message, as a queued hold under the message's
+        token (fencing token kept), so a duplicate published while the message waits still
+        finds it; released instead when that fails."""
+        try:
+            if run.queued_lock().acquire(blocking=False):
+                run.lock.detach()
+                return
+        except LockBackendError as exc:
+            log.warning("could not hand lock %s back to its message: %s", run.key, exc)
+        run.give_back()

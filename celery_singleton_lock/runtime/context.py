@@ -1,0 +1,264 @@
+"""The objects the pipelines pass around: a :class:`Run` is one delivery of a locked task's
+message, a :class:`Publish` is one ``apply_async`` of it. Both carry the task, the
+resolved locking and the key, so no function takes them as loose parameters; they satisfy
+the protocols of :mod:`celery_singleton_lock.modes.base`, which is all a mode sees."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import time
+from collections.abc import Callable
+from contextvars import ContextVar
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from kombu.serialization import loads
+
+from celery_singleton_lock._observe import RunLock
+from celery_singleton_lock.engine import RedisLock
+from celery_singleton_lock.exceptions import LockBackendError, LockNotOwned
+from celery_singleton_lock.modes.policies import jitter
+from celery_singleton_lock.modes.scope import queue_token
+from celery_singleton_lock.runtime import headers as hdr
+from celery_singleton_lock.runtime.locking import TaskLocking
+
+if TYPE_CHECKING:
+    from celery import Task
+    from celery.result import AsyncResult
+
+    from celery_singleton_lock.engine.atomic import Handed, Record
+    from celery_singleton_lock.engine.wire import LockClient
+    from celery_singleton_lock.modes.base import ConflictPolicy, Scope
+    from celery_singleton_lock.options import LockOptions, Settings
+
+    AnyTask = Task[Any, Any]
+    AnyResult = AsyncResult[Any]
+else:
+    AnyTask = Any
+    AnyResult = Any
+
+__all__ = ["RUN_ATTR", "Publish", "Run", "current_lock", "holding", "republish_followup"]
+
+log = logging.getLogger("celery_singleton_lock.task")
+
+#: Attribute of a run's request (Celery's ``Context``) that holds its :class:`Run`.
+RUN_ATTR = "singleton_lock"
+#: Retries after a Redis outage wait at most this long (seconds) before trying again.
+OUTAGE_COUNTDOWN = 5.0
+
+_current: ContextVar[RedisLock | None] = ContextVar("singleton_lock_current", default=None)
+
+
+def current_lock() -> RedisLock | None:
+    """The lock held by the task running in this thread or context, or None."""
+    return _current.get()
+
+
+@contextlib.contextmanager
+def holding(lock: RedisLock) -> Any:
+    """``current_lock()`` is ``lock`` inside the block."""
+    token = _current.set(lock)
+    try:
+        yield
+    finally:
+        _current.reset(token)
+
+
+@dataclass(eq=False)
+class Run:
+    """One delivery of a locked task's message, from its first try of the lock to its end."""
+
+    task: AnyTask
+    request: Any
+    locking: TaskLocking
+    key: str
+    lock: RunLock
+    body: Callable[[], Any]
+    started: float = field(default_factory=time.monotonic)
+    #: The run holds its key while the body runs (False before, and when freed at start).
+    holding: bool = False
+    #: What the release writes in the same step; set as the run ends.
+    record: Record | None = None
+
+    @property
+    def task_id(self) -> str:
+        return str(self.request.id)
+
+    @property
+    def options(self) -> LockOptions:
+        return self.locking.options
+
+    @property
+    def settings(self) -> Settings:
+        return self.locking.settings
+
+    @property
+    def client(self) -> LockClient:
+        return self.lock.client
+
+    @property
+    def scope(self) -> Scope:
+        return self.locking.plan.scope
+
+    @property
+    def policy(self) -> ConflictPolicy:
+        return self.locking.plan.policy.for_attempt(self.retries)
+
+    @property
+    def retries(self) -> int:
+        return int(self.request.retries or 0)
+
+    @property
+    def eager(self) -> bool:
+        return bool(self.request.is_eager)
+
+    @property
+    def redelivered(self) -> bool:
+        return hdr.redelivered(self.request)
+
+    def header(self, name: str) -> Any:
+        return hdr.header(self.request, name)
+
+    def retry(
+        self,
+        exc: BaseException,
+        countdown: float,
+        *,
+        counted: bool = True,
+        duplicate: bool = False,
+    ) -> BaseException:
+        """``task.retry`` for a lock that was busy or unreachable: the retried message
+        carries this run's key and options and is published past the queue lock (which may
+        be held by someone else, or unreachable), so it can neither be dropped nor stay in
+        RETRY."""
+        headers: dict[str, Any] = {hdr.HEADER_KEY: self.key}
+        if duplicate:
+            headers[hdr.HEADER_DUPLICATE] = True
+        carried = self.header(hdr.HEADER_OPTIONS)
+        if carried:
+            headers[hdr.HEADER_OPTIONS] = carried
+        options: dict[str, Any] = {hdr.REPUBLISH_OPTION: headers}
+        if not counted:
+            options["max_retries"] = self.retries + 1
+        retry: Callable[..., BaseException] = self.task.retry
+        return retry(exc=exc, countdown=countdown, **options)
+
+    def outage(self, exc: BaseException, *, going_on: str = "running UNLOCKED") -> None:
+        name, task_id = self.task.name, self.task_id
+        if self.settings.fail_open:
+            log.warning(
+                "singleton lock unavailable for %s[%s] (%s): %s because "
+                "singleton_lock_fail_open is set",
+                name,
+                task_id,
+                exc,
+                going_on,
+            )
+            return
+        log.error("singleton lock unavailable for %s[%s]: %s; retrying", name, task_id, exc)
+        if self.lock.fencing_token is not None:
+            self.give_back()
+        countdown = jitter(min(OUTAGE_COUNTDOWN, self.options.timeout))
+        # Fail closed without losing the message: retry until the lock Redis answers,
+        # whatever the task's max_retries (an outage is not the task's failure).
+        raise self.retry(exc, countdown, counted=False) from exc
+
+    def give_back(self) -> None:
+        try:
+            self.lock.release()
+        except LockNotOwned:
+            log.warning("lock %s was lost before the run gave it back", self.key)
+        except LockBackendError as exc:
+            log.error("could not give back lock %s: %s", self.key, exc)
+
+    def queued_lock(self) -> RedisLock:
+        return self.locking.new_lock(
+            self.task.app, self.key, self.task_id, queued=True, claim=self.lock.token
+        )
+
+    def republish(self, handed: Handed) -> None:
+        republish_followup(self.task, self.locking, self.key, handed)
+
+
+def republish_followup(task: AnyTask, locking: TaskLocking, key: str, handed: Handed) -> None:
+    """Publish the follow-up that was just handed ``key``, past the lock; if that fails,
+    free the key (the follow-up is lost, and logged)."""
+    args, kwargs = loads(
+        handed.body, handed.content_type, handed.encoding, accept={handed.content_type}
+    )
+    options = {**json.loads(handed.options), hdr.REPUBLISH_OPTION: {hdr.HEADER_KEY: key}}
+    try:
+        task.apply_async(tuple(args), dict(kwargs), task_id=handed.task_id, **options)
+    except Exception:
+        log.exception("could not publish follow-up %s of %s; freeing the key", handed.task_id, key)
+        token = queue_token(handed.task_id, locking.options.limit)
+        with contextlib.suppress(LockNotOwned):
+            RedisLock(
+                locking.client(task.app), key, token=token, scripting=locking.settings.scripting
+            ).release()
+        return
+    log.info("%s[%s]: published as the follow-up of %s", task.name, handed.task_id, key)
+
+
+@dataclass(eq=False)
+class Publish:
+    """One ``apply_async`` of a locked task. ``publish_options`` go to Celery's
+    ``apply_async``; the queue-lock phase takes ``task_id`` out of them."""
+
+    task: AnyTask
+    send_func: Callable[..., AnyResult]
+    args: tuple[Any, ...]
+    kwargs: dict[str, Any]
+    publish_options: dict[str, Any]
+    locking: TaskLocking
+    task_id: str = ""
+    _key: str | None = None
+
+    @property
+    def options(self) -> LockOptions:
+        return self.locking.options
+
+    @property
+    def client(self) -> LockClient:
+        return self.locking.client(self.task.app)
+
+    @property
+    def serializer(self) -> str:
+        return str(self.publish_options.get("serializer") or self.locking.serializer)
+
+    def key(self) -> str:
+        if self._key is None:
+            self._key = self.locking.key(
+                self.args, self.kwargs, serializer=self.publish_options.get("serializer")
+            )
+        return self._key
+
+    def send(self, *, task_id: str | None = None, keyed: bool = False, **extra: Any) -> AnyResult:
+        options = dict(self.publish_options)
+        headers = {**(options.pop("headers", None) or {}), **(extra.pop("headers", None) or {})}
+        if keyed:
+            headers[hdr.HEADER_KEY] = self.key()
+        if headers:
+            options["headers"] = headers
+        if task_id is not None:
+            options["task_id"] = task_id
+        options.update(extra)
+        return self.send_func(self.args, self.kwargs, **options)
+
+    def send_locked(self, lock: RedisLock, task_id: str) -> AnyResult:
+        try:
+            return self.send(task_id=task_id, keyed=True)
+        except BaseException:
+            try:
+                lock.release()
+            except Exception:  # the publish error is the one to report
+                log.exception("could not release %s after a failed publish", lock.name)
+            raise
+
+    def queue_lock(self, task_id: str, claim: str | None = None) -> RedisLock:
+        return self.locking.new_lock(self.task.app, self.key(), task_id, queued=True, claim=claim)
+
+    def result(self, task_id: str) -> AnyResult:
+        return self.task.AsyncResult(task_id)

@@ -1,0 +1,144 @@
+"""The run pipeline: what happens when a delivered message of a locked task runs.
+
+Read :func:`locked_call` top to bottom; like Celery's own tracer it is a fixed sequence of
+phases, and each phase calls the hooks of the plan's scope, modes and conflict policy
+(:mod:`celery_singleton_lock.modes`)::
+
+    resolve -> deliver -> acquire -> [on conflict] -> admit -> start -> body -> finish
+
+The pipeline names no mode and compares no option: what differs between modes is in their
+hooks. The rules that hold for every mode are written here, once: a Redis outage retries
+the run (or runs it unlocked under ``singleton_lock_fail_open``), a dead earlier delivery
+of this very message is taken over, and a live one makes this delivery come back later.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from celery import Task as CeleryTask
+from celery import states
+from celery.exceptions import Ignore, Reject, Retry
+
+from celery_singleton_lock import _observe as observe
+from celery_singleton_lock.exceptions import LockBackendError, TaskLocked
+from celery_singleton_lock.modes.policies import countdown, tell
+from celery_singleton_lock.runtime import headers as hdr
+from celery_singleton_lock.runtime.context import RUN_ATTR, Run, holding
+from celery_singleton_lock.runtime.delivery import reclaim_from_dead_delivery
+from celery_singleton_lock.runtime.finish import release_after_run
+from celery_singleton_lock.runtime.locking import TaskLocking, locking_for
+
+if TYPE_CHECKING:
+    from celery import Task
+
+    AnyTask = Task[Any, Any]
+else:
+    AnyTask = Any
+
+__all__ = ["body_of", "locked_call", "run_locking"]
+
+
+def body_of(task: AnyTask, call: Any) -> Callable[..., Any]:
+    """What runs the body: ``call`` (the next ``__call__`` in the class hierarchy, so a base
+    class's own ``__call__`` — an app context, a DB session, tracing — wraps the locked body),
+    or ``task.run`` when that is only Celery's ``Task.__call__``, which in an eager run would
+    push a second, empty request around the body."""
+    func = getattr(call, "__func__", None) or getattr(call, "func", None)
+    return task.run if func is CeleryTask.__call__ else call
+
+
+def run_locking(task: AnyTask, request: Any) -> TaskLocking | None:
+    """How this run locks: the task's locking with the options its message carries."""
+    locking = locking_for(task)
+    if locking is None:
+        return None
+    return locking.with_call_options(hdr.carried_options(request, task.name))
+
+
+def resolve(task: AnyTask, args: tuple[Any, ...], kwargs: dict[str, Any], call: Any) -> Run | None:
+    """The run of this delivery (None when the task is not locked)."""
+    request = task.request
+    locking = run_locking(task, request)
+    if locking is None:
+        return None
+    key = locking.plan.scope.carried_key(hdr.header_key(request)) or locking.key(
+        args, kwargs, received=not request.is_eager
+    )
+    lock = locking.new_lock(task.app, key, str(request.id))
+    body = functools.partial(body_of(task, call), *args, **kwargs)
+    return Run(task, request, locking, key, lock, body)
+
+
+def locked_call(task: AnyTask, args: tuple[Any, ...], kwargs: dict[str, Any], call: Any) -> Any:
+    """Run the body of ``task`` under its lock (``call`` is the unlocked ``__call__``)."""
+    request = task.request
+    if request.called_directly or getattr(request, RUN_ATTR, None) is not None:
+        # A plain function call (perhaps from inside the task's own locked run, which it
+        # sees as its request): not a task run, no lock.
+        return call(*args, **kwargs)
+    run = resolve(task, args, kwargs, call)
+    if run is None:
+        return call(*args, **kwargs)
+    hooks = run.locking.plan.hooks
+    for mode in hooks:
+        mode.deliver(run)
+    try:
+        acquired = run.policy.acquire(run)
+    except LockBackendError as exc:
+        run.outage(exc)
+        return run.body()  # fail open: singleton_lock_fail_open runs it unlocked
+    if not acquired and not reclaim_from_dead_delivery(run):
+        return on_conflict(run)
+    for mode in hooks:
+        if not mode.admit(run):
+            return None
+    observe.acquired(task, run.lock, run.task_id, run.options, run.started)
+    keeps = [mode.start(run) for mode in hooks]
+    setattr(request, RUN_ATTR, run)
+    if not all(keeps):
+        return run.body()  # freed at its start: current_lock() is None
+    run.holding = True
+    return body(run)
+
+
+def on_conflict(run: Run) -> Any:
+    """The key stayed held: an earlier delivery of this very message (alive elsewhere, or
+    not provably dead) makes this one come back later, since skipping it would drop the
+    work; any other holder meets the run's conflict policy."""
+    holders = run.lock.holders()
+    # An earlier delivery of this very message, else the newest holder (of any slot).
+    holder = next((found for found in holders if found.task_id == run.task_id), None) or max(
+        holders, key=lambda found: found.fence or 0, default=None
+    )
+    if holder is not None and holder.task_id == run.task_id:
+        tell(run, "retry", holder)
+        exc = TaskLocked(run.key, holder.task_id)
+        wait = countdown(run.options, holder, run.retries)
+        raise run.retry(exc, wait, counted=False, duplicate=True)
+    return run.policy.conflict(run, holder)
+
+
+def body(run: Run) -> Any:
+    """Run the body as the holder (``current_lock()``), then release, before Celery stores
+    the result: whoever sees the result (or ``task_success``) and calls again finds the key
+    free."""
+    state: str = states.FAILURE
+    try:
+        with holding(run.lock):
+            result = run.body()
+        state = states.SUCCESS
+        return result
+    except Retry:
+        state = states.RETRY
+        raise
+    except Ignore:
+        state = states.IGNORED
+        raise
+    except Reject:
+        state = states.REJECTED
+        raise
+    finally:
+        release_after_run(run.task, run.task_id, state)

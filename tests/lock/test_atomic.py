@@ -1,0 +1,157 @@
+"""The typed wrappers of the modes' scripts (``engine.atomic``) on a real redis-server: each
+one admitted or refused, owned or not owned, and what it leaves at the keys."""
+
+from __future__ import annotations
+
+import json
+
+import redis
+
+from celery_singleton_lock import RedisLock
+from celery_singleton_lock.engine import atomic
+from celery_singleton_lock.engine.keyspace import DEBOUNCE, PENDING, STARTS, companion_key
+from celery_singleton_lock.engine.value import parse_value
+
+
+def _pending(task_id: str, body: bytes = b"[[1], {}]") -> atomic.Pending:
+    return atomic.Pending(task_id, f"q-{task_id}", json.dumps({"task_id": task_id}), body,
+                          "application/json", "utf-8", '{"queue": "q"}', 60_000)  # fmt: skip
+
+
+def _holder(client: redis.Redis, key: str, task_id: str, *, queued: bool) -> RedisLock:
+    lock = RedisLock(client, key, timeout=30, holder_info={"task_id": task_id, "queued": queued})
+    assert lock.acquire(blocking=False)
+    return lock
+
+
+def test_throttle_admits_up_to_the_limit_then_says_when(client: redis.Redis, key: str) -> None:
+    """Two starts per 10 s are admitted and recorded; the third is refused with the time
+    until the oldest leaves the window, and is not recorded."""
+    assert atomic.throttle(client, key, limit=2, window_ms=10_000, member="a") is None
+    assert atomic.throttle(client, key, limit=2, window_ms=10_000, member="b") is None
+    wait = atomic.throttle(client, key, limit=2, window_ms=10_000, member="c")
+    assert wait is not None
+    assert 9.0 < wait <= 10.0
+    starts = client.zrange(companion_key(key, STARTS), 0, -1)
+    assert [member.split(b":")[0] for member in starts] == [b"a", b"b"]
+
+
+def test_hold_keeps_owner_and_fence_and_refuses_a_non_owner(client: redis.Redis, key: str) -> None:
+    """An owned hold becomes a hold of the given length (same owner and fencing token, new
+    info, the record written); a lock without a hold, or whose key someone else holds, gets
+    0 and changes nothing. The lock is not detached."""
+    lock = RedisLock(client, key, timeout=5)
+    assert atomic.hold(lock, 60_000, "held") == 0  # no hold: no token
+    assert lock.acquire(blocking=False)
+    fence = lock.fencing_token
+    record = companion_key(key, "done")
+    expiry = atomic.hold(lock, 60_000, "held", (record, "t-1", 10_000))
+    assert expiry > 0
+    value = parse_value(client.get(key) or b"")
+    assert (value.token, value.fence, value.info, value.expiry_ms) == (
+        lock.token, fence, "held", expiry,
+    )  # fmt: skip
+    assert client.pttl(key) > 60_000
+    assert client.get(record) == b"t-1"
+    assert lock.token is not None  # not detached
+
+    client.set(key, "1:0:someone-else:7:x", px=60_000)
+    assert atomic.hold(lock, 60_000, "held") == 0
+    assert client.get(key) == b"1:0:someone-else:7:x"
+    lock.detach()
+
+
+def test_follow_takes_follows_then_adopts(client: redis.Redis, key: str) -> None:
+    """Free key: take. Held: the first call becomes the follow-up and later calls update it
+    under the same task id. Freed with a follow-up left behind: the next call adopts it."""
+    assert atomic.follow(client, key, _pending("t1")) == atomic.Followed("take", None)
+    holder = _holder(client, key, "h", queued=False)
+    assert atomic.follow(client, key, _pending("t1")) == atomic.Followed("follow", "t1")
+    assert atomic.follow(client, key, _pending("t2", b"[[2], {}]")) == ("follow", "t1")
+    pending = client.hgetall(companion_key(key, PENDING))
+    assert (pending[b"id"], pending[b"token"], pending[b"body"]) == (b"t1", b"q-t1", b"[[2], {}]")
+    holder.release()
+    assert atomic.follow(client, key, _pending("t3")) == atomic.Followed("adopt", "t1")
+    assert not client.exists(companion_key(key, PENDING))
+
+
+def test_replace_supersedes_a_queued_holder_and_follows_a_running_one(
+    client: redis.Redis, key: str
+) -> None:
+    """A queued holder is superseded: the key is the new call's (a larger fencing token) and
+    the old task id is marked. A running holder gets the call as its follow-up, or, with
+    ``running``, is taken over to be revoked. A free key: take."""
+    assert atomic.replace(client, key, _pending("n0"), running=False, lease_ms=30_000) == (
+        "take", None,
+    )  # fmt: skip
+    queued = _holder(client, key, "old", queued=True)
+    old_fence = queued.fencing_token or 0
+    found = atomic.replace(client, key, _pending("n1"), running=False, lease_ms=30_000)
+    assert found == atomic.Followed("superseded", "old")
+    value = parse_value(client.get(key) or b"")
+    assert value.token == "q-n1"
+    assert (value.fence or 0) > old_fence
+    assert atomic.superseded_by(client, key, "old") == "n1"
+    assert atomic.superseded_by(client, key, "other") is None
+    queued.detach()
+    client.delete(key)
+
+    running = _holder(client, key, "run", queued=False)
+    assert atomic.replace(client, key, _pending("n2"), running=False, lease_ms=30_000) == (
+        "follow", "n2",
+    )  # fmt: skip
+    client.delete(companion_key(key, PENDING))
+    assert atomic.replace(client, key, _pending("n3"), running=True, lease_ms=30_000) == (
+        "revoke", "run",
+    )  # fmt: skip
+    assert parse_value(client.get(key) or b"").token == "q-n3"
+    running.detach()
+
+
+def test_hand_over_gives_the_lock_to_the_follow_up_only_when_owned(
+    client: redis.Redis, key: str
+) -> None:
+    """The owner's run ends with a follow-up pending: the key goes to the follow-up's queue
+    token (a new fencing token) and the call comes back, record written; without a
+    follow-up, without a hold, or not owned: None, nothing changed. Not detached."""
+    holder = _holder(client, key, "h", queued=False)
+    assert atomic.hand_over(holder, 30_000) is None  # no follow-up: release as usual
+    assert atomic.follow(client, key, _pending("f", b"\x00binary")) == ("follow", "f")
+    assert atomic.hand_over(RedisLock(client, key, timeout=5), 30_000) is None  # no hold
+
+    stranger = RedisLock(client, key, timeout=5, token="stranger")
+    assert atomic.hand_over(stranger, 30_000) is None  # not the owner
+    assert client.exists(companion_key(key, PENDING))
+
+    fence = holder.fencing_token or 0
+    record = companion_key(key, "done")
+    handed = atomic.hand_over(holder, 30_000, (record, "h", 10_000))
+    assert handed == atomic.Handed("f", b"\x00binary", "application/json", "utf-8",
+                                   '{"queue": "q"}')  # fmt: skip
+    value = parse_value(client.get(key) or b"")
+    assert (value.token, value.waiters) == ("q-f", False)
+    assert (value.fence or 0) > fence
+    assert client.get(record) == b"h"
+    assert not client.exists(companion_key(key, PENDING))
+    assert holder.token is not None  # not detached
+    holder.detach()
+
+
+def test_debounce_join_and_run(client: redis.Redis, key: str) -> None:
+    """Calls join one burst (same task id, generations 1, 2) due a quiet time after the
+    last; only the latest generation runs, once; a call after that opens a new burst."""
+    first = atomic.debounce_join(client, key, "a", quiet_ms=5_000, max_wait_ms=0, keep_ms=60_000)
+    assert (first.task_id, first.generation) == ("a", 1)
+    assert 4.5 < first.countdown <= 5.0
+    second = atomic.debounce_join(client, key, "b", quiet_ms=5_000, max_wait_ms=2_000,
+                                  keep_ms=60_000)  # fmt: skip
+    assert (second.task_id, second.generation) == ("a", 2)
+    assert second.countdown <= 2.0  # capped by the max wait after the first call
+    assert client.exists(companion_key(key, DEBOUNCE))
+
+    assert not atomic.debounce_run(client, key, "a", "1")  # stale generation
+    assert atomic.debounce_run(client, key, "a", "2")
+    assert not atomic.debounce_run(client, key, "a", "2")  # delivered again: not run again
+    third = atomic.debounce_join(client, key, "c", quiet_ms=5_000, max_wait_ms=0, keep_ms=60_000)
+    assert (third.task_id, third.generation) == ("c", 1)
+    assert atomic.debounce_run(client, f"{key}-none", "z", "1")  # no record: run

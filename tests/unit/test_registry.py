@@ -1,0 +1,77 @@
+"""The registry of modes and the documented option values are the same set: a policy, scope
+or lifetime that is documented has an object, and an object that exists is documented."""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from pathlib import Path
+
+import pytest
+
+from celery_singleton_lock import options as opt
+from celery_singleton_lock.modes import COMBINATIONS, MODES, POLICIES, SCOPES, plan_for
+from celery_singleton_lock.modes.base import ConflictPolicy, Scope
+
+DOCS = Path(__file__).resolve().parents[2] / "docs"
+
+
+def test_every_documented_conflict_policy_has_one_policy_object() -> None:
+    assert set(POLICIES) == set(opt.CONFLICT_POLICIES)
+    for name, policy in POLICIES.items():
+        assert isinstance(policy, ConflictPolicy)
+        assert policy.name == name
+
+
+def test_every_documented_scope_has_one_scope_object() -> None:
+    assert set(SCOPES) == set(opt.SCOPES)
+    for name, scope in SCOPES.items():
+        assert isinstance(scope, Scope)
+        assert scope.name == name
+
+
+def test_every_lifetime_but_the_default_is_a_mode() -> None:
+    """``lock_release`` values other than "end" each switch on exactly one mode."""
+    for release in opt.RELEASES:
+        options = dataclasses.replace(
+            opt.LockOptions(),
+            scope="queue",
+            release=release,
+            hold=1.0 if release == "success" else None,
+        )
+        names = {type(mode).name for mode in plan_for(options).modes}
+        assert (release in names) is (release != "end"), (release, names)
+
+
+@pytest.mark.parametrize(
+    ("changes", "mode"),
+    [
+        ({"debounce": 1.0}, "debounce"),
+        ({"rate_limit": "3/s"}, "rate_limit"),
+        ({"scope": "queue", "release": "start"}, "start"),
+        ({"release": "success", "hold": 2.0}, "success"),
+    ],
+)
+def test_each_mode_applies_to_its_options_only(changes: dict[str, object], mode: str) -> None:
+    plain = plan_for(opt.LockOptions())
+    assert plain.modes == ()
+    switched = plan_for(dataclasses.replace(opt.LockOptions(), **changes))  # type: ignore[arg-type]
+    assert [type(found).name for found in switched.modes] == [mode]
+
+
+def test_the_modes_page_documents_every_policy_and_mode_option() -> None:
+    """docs/modes.md names every conflict policy value and every mode's option."""
+    text = (DOCS / "modes.md").read_text()
+    for name in POLICIES:
+        assert re.search(rf'"{name}"', text), name
+    for option in ("lock_debounce", "lock_rate_limit", "lock_release", "lock_hold"):
+        assert option in text, option
+    names = {kind.__name__ for kind in MODES}
+    assert names == {"Debounce", "Throttle", "ReleaseAtStart", "HoldAfterSuccess"}
+
+
+def test_every_rule_is_checked_once() -> None:
+    """The combination rules of the options and of every mode, each once."""
+    messages = [rule.message for rule in COMBINATIONS]
+    assert len(messages) == len(set(messages))
+    assert len(COMBINATIONS) == 13
