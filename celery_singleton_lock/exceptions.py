@@ -7,8 +7,13 @@ result backends serialise task exceptions)::
     ├── LockError                 the Redis lock engine
     │   ├── LockNotOwned          release/extend by an instance that no longer holds the lock
     │   └── LockBackendError      Redis could not be reached or answered with an error
+    │                             (also a redis.exceptions.RedisError)
     └── TaskLocked                a task's lock is held by another run
         └── TaskThrottled         a task's key used up its start rate (lock_rate_limit)
+
+``LockBackendError`` is also redis-py's ``RedisError``, so code written for the projects
+this package replaces (whose Redis errors reached the caller as they were) keeps catching
+an unreachable lock Redis with ``except redis.RedisError``.
 
 Wrong settings raise Celery's own ``celery.exceptions.ImproperlyConfigured``.
 """
@@ -16,6 +21,8 @@ Wrong settings raise Celery's own ``celery.exceptions.ImproperlyConfigured``.
 from __future__ import annotations
 
 from typing import Any
+
+import redis
 
 __all__ = [
     "LockBackendError",
@@ -48,8 +55,16 @@ class LockNotOwned(LockError):
     another holder may have taken it, so nothing was released or extended."""
 
 
-class LockBackendError(LockError):
-    """Redis could not be reached, or refused a command; the lock state is unknown."""
+class LockBackendError(LockError, redis.RedisError):
+    """Redis could not be reached, or refused a command; the lock state is unknown.
+
+    Also a ``redis.exceptions.RedisError`` (``except redis.RedisError`` catches it, as it
+    caught the Redis errors of celery-singleton and celery-once); the redis-py error it
+    stands for is its ``__cause__``."""
+
+    def __repr__(self) -> str:
+        # redis-py's own repr ("server:LockBackendError") would hide the message in logs.
+        return Exception.__repr__(self)
 
 
 class TaskLocked(SingletonLockError):

@@ -67,15 +67,25 @@ class WorkerConfigError(CeleryCommandException, ImproperlyConfigured):
     prints its one-line message and exits with status 78 (EX_CONFIG)."""
 
 
-def preflight(app: Celery) -> None:
+def preflight(app: Celery, pool: type | None = None) -> None:
     """Check everything a worker of ``app`` will need before it takes a message: the
-    settings, every locked task's options, and where the locks live (logged, URL masked).
+    settings, every locked task's options (against the worker's ``pool`` class, when
+    known), and where the locks live (logged, URL masked).
 
     Raises ``ImproperlyConfigured`` naming the first bad setting or option.
     """
     hide_password(app)
     settings = settings_for(app)
-    locked = [task.name for task in app.tasks.values() if runtime.locking_for(task) is not None]
+    locked = []
+    for task in app.tasks.values():
+        locking = runtime.locking_for(task)
+        if locking is None:
+            continue
+        locked.append(task.name)
+        for mode in locking.plan.hooks:
+            problem = mode.worker_problem(locking.options, pool)
+            if problem is not None:
+                raise ImproperlyConfigured(f"task {task.name!r}: {problem}")
     origin = settings.url_origin
     log.info(
         "singleton locks: %d locked task(s) on %s (%s)",
@@ -112,7 +122,8 @@ class Preflight(bootsteps.Step):
     def __init__(self, worker: Any, **kwargs: Any) -> None:
         super().__init__(worker, **kwargs)
         try:
-            preflight(worker.app)
+            pool = getattr(worker, "pool_cls", None)
+            preflight(worker.app, pool=pool if isinstance(pool, type) else None)
         except ImproperlyConfigured as exc:
             message = " ".join(str(exc).split())
             raise WorkerConfigError(message=message, exit_code=EX_CONFIG) from exc

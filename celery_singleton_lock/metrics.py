@@ -23,6 +23,12 @@ Metrics (label ``task`` is the task name; no label ever carries a lock key)::
     celery_singleton_lock_debounced_total{task}           stale debounced messages dropped
     celery_singleton_lock_reaped_total{task}              holds freed by `celery locks reap`
 
+Every label comes from a bounded set, so no series is made per call, key or process:
+``task`` is the name of the task that sent the signal, or ``unknown`` when the sender is not
+a task (``celery locks reap`` freeing a hold whose task its app does not know sends it from
+the app); ``scope`` is ``run`` or ``queue``; ``policy`` is a ``lock_on_conflict`` value or
+``debounce``. Anything else is counted as ``unknown``.
+
 **Prefork pools.** Tasks run in pool processes, and each process counts in its own memory.
 Set ``PROMETHEUS_MULTIPROC_DIR`` to an empty directory in the worker's environment (before
 it starts): every process then writes its counts there, and the server that
@@ -39,7 +45,7 @@ import threading
 from dataclasses import dataclass
 from typing import Any
 
-from celery import bootsteps
+from celery import Task, bootsteps
 
 from celery_singleton_lock._observe import (
     lock_acquired,
@@ -53,6 +59,7 @@ from celery_singleton_lock._observe import (
     lock_superseded,
     lock_throttled,
 )
+from celery_singleton_lock.options import CONFLICT_POLICIES, SCOPES
 
 try:
     from prometheus_client import REGISTRY, CollectorRegistry, Counter, Histogram
@@ -73,6 +80,12 @@ PREFIX = "celery_singleton_lock"
 WAIT_BUCKETS = (0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1.0, 5.0, 10.0, 30.0, 60.0, 300.0)
 #: Seconds: from short critical sections to hour-long jobs.
 HELD_BUCKETS = (0.01, 0.05, 0.1, 0.5, 1.0, 5.0, 10.0, 30.0, 60.0, 300.0, 900.0, 3600.0)
+#: The label value of anything outside a label's bounded set (a sender that is not a task).
+UNKNOWN = "unknown"
+#: The ``scope`` label's values.
+SCOPE_LABELS = frozenset(SCOPES)
+#: The ``policy`` label's values: the conflict policies, and a debounced call's.
+POLICY_LABELS = frozenset((*CONFLICT_POLICIES, "debounce"))
 
 
 @dataclass(frozen=True)
@@ -170,23 +183,33 @@ class LockMetrics:
 
 
 _guard = threading.Lock()
-_enabled: dict[int, LockMetrics] = {}
+#: The metrics of each registry enabled, by ``id``; the registry is kept with them, so its
+#: ``id`` cannot be reused by another registry while the entry exists.
+_enabled: dict[int, tuple[CollectorRegistry, LockMetrics]] = {}
 _current: LockMetrics | None = None
 
 
 def _task_name(sender: Any) -> str:
-    return str(getattr(sender, "name", None) or sender)
+    """The ``task`` label: the sending task's name, else ``unknown`` (never a repr, which
+    would carry a memory address and make a new series per process)."""
+    name = getattr(sender, "name", None) if isinstance(sender, Task) else None
+    return name if isinstance(name, str) and name else UNKNOWN
+
+
+def _one_of(value: Any, allowed: frozenset[str]) -> str:
+    """``value`` when it is one of ``allowed``, else ``unknown``."""
+    return value if isinstance(value, str) and value in allowed else UNKNOWN
 
 
 def _on_acquired(sender: Any = None, scope: str = "", waited: float = 0.0, **_: Any) -> None:
     if _current is not None:
-        _current.acquired.labels(_task_name(sender), scope).inc()
+        _current.acquired.labels(_task_name(sender), _one_of(scope, SCOPE_LABELS)).inc()
         _current.wait.labels(_task_name(sender)).observe(waited)
 
 
 def _on_conflict(sender: Any = None, policy: str = "", **_: Any) -> None:
     if _current is not None:
-        _current.conflicts.labels(_task_name(sender), policy).inc()
+        _current.conflicts.labels(_task_name(sender), _one_of(policy, POLICY_LABELS)).inc()
 
 
 def _on_released(sender: Any = None, held: float | None = None, **_: Any) -> None:
@@ -206,7 +229,7 @@ def _on_renewed(sender: Any = None, **_: Any) -> None:
 
 def _on_throttled(sender: Any = None, policy: str = "", **_: Any) -> None:
     if _current is not None:
-        _current.throttled.labels(_task_name(sender), policy).inc()
+        _current.throttled.labels(_task_name(sender), _one_of(policy, POLICY_LABELS)).inc()
 
 
 def _counting(name: str) -> Any:
@@ -235,9 +258,10 @@ def enable(registry: CollectorRegistry | None = None) -> LockMetrics:
     global _current  # noqa: PLW0603 - one set of metric objects per process
     target = REGISTRY if registry is None else registry
     with _guard:
-        found = _enabled.get(id(target))
-        if found is None:
-            found = _enabled[id(target)] = LockMetrics.create(target)
+        entry = _enabled.get(id(target))
+        if entry is None:
+            entry = _enabled[id(target)] = (target, LockMetrics.create(target))
+        found = entry[1]
         _current = found
         for signal, receiver in (
             (lock_acquired, _on_acquired),

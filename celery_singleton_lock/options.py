@@ -27,9 +27,11 @@ from typing import Any
 from celery.exceptions import ImproperlyConfigured
 
 from celery_singleton_lock.client import mask_url, url_error
+from celery_singleton_lock.engine.constants import MAX_DURATION
 
 __all__ = [
     "CONFLICT_POLICIES",
+    "MAX_DURATION",
     "MAX_RATE_STARTS",
     "MIN_TIMEOUT",
     "OPTION_RULES",
@@ -65,6 +67,11 @@ TASK_OPTION_PREFIX = "lock_"
 SETTING_PREFIX = "singleton_lock_"
 #: The shortest lease, in seconds: a shorter one would renew many times a second.
 MIN_TIMEOUT = 0.5
+# MAX_DURATION, the longest duration in seconds every option and setting accepts
+# (31,536,000 s, 365 days), is defined by the engine, which bounds leases by it too and
+# cannot import this module: a lock value's expiry must stay below 2**53 ms.
+#: How the bound reads in the reference table and in error messages.
+_UP_TO = f"<= {MAX_DURATION} (365 days)"
 
 KeysOption = tuple[str, ...] | Callable[[tuple[Any, ...], dict[str, Any]], Any] | None
 Parser = Callable[[Any, str], Any]
@@ -81,7 +88,8 @@ def _is_number(value: object) -> bool:
 
 
 def _seconds(*, minimum: float, inclusive: bool, inf_is_none: bool = False) -> Parser:
-    """A finite number of seconds above ``minimum``; ``math.inf`` as None where allowed."""
+    """A finite number of seconds above ``minimum`` and at most ``MAX_DURATION``;
+    ``math.inf`` as None where allowed."""
 
     def parse(value: Any, where: str) -> float | None:
         if _is_number(value):
@@ -91,11 +99,14 @@ def _seconds(*, minimum: float, inclusive: bool, inf_is_none: bool = False) -> P
                 number = math.nan
             if inf_is_none and number == math.inf:
                 return None
-            if math.isfinite(number) and (number >= minimum if inclusive else number > minimum):
+            above = number >= minimum if inclusive else number > minimum
+            if math.isfinite(number) and above and number <= MAX_DURATION:
                 return number
         bound = f">= {minimum:g}" if inclusive else f"> {minimum:g}"
+        forever = " (None or math.inf: forever)" if inf_is_none else ""
         raise ImproperlyConfigured(
-            f"{where} must be a finite number of seconds {bound}, got {value!r}"
+            f"{where} must be a finite number of seconds {bound} and {_UP_TO}{forever}, "
+            f"got {value!r}"
         )
 
     return parse
@@ -276,7 +287,7 @@ class LockOptions:
         30.0, _seconds(minimum=MIN_TIMEOUT, inclusive=True),
         "The lease in seconds; renewed while the body runs, so a crashed worker's lock frees "
         "within one lease.",
-        values=f"seconds >= {MIN_TIMEOUT:g}",
+        values=f"seconds >= {MIN_TIMEOUT:g}, {_UP_TO}",
     )  # fmt: skip
     renew: bool = _option(
         True, _flag, "Keep extending the lease while the body runs.", values="True, False"
@@ -298,13 +309,13 @@ class LockOptions:
     wait: float | None = _option(
         60.0, _seconds(minimum=0, inclusive=True, inf_is_none=True),
         "Longest wait of the wait policy before TaskLocked; None or math.inf waits forever.",
-        values="seconds >= 0, None", none_is_value=True,
+        values=f"seconds >= 0, {_UP_TO}; None, math.inf", none_is_value=True,
     )  # fmt: skip
     retry_delay: float | None = _option(
         None, _seconds(minimum=0, inclusive=True),
         "Countdown of the retry policy; None: 1 s doubling with each retry (plus jitter), "
         "never past the holder's remaining lease.",
-        values="seconds >= 0, None", none_is_value=True,
+        values=f"seconds >= 0, {_UP_TO}; None", none_is_value=True,
     )  # fmt: skip
     limit: int = _option(
         1, _count(minimum=1),
@@ -317,13 +328,13 @@ class LockOptions:
         "Calls of one key closer than this many seconds apart form a burst that runs once, "
         "this long after its last call, with the last call's arguments; every call of the "
         "burst gets the same AsyncResult. None: no debounce.",
-        values="seconds > 0, None", none_is_value=True,
+        values=f"seconds > 0, {_UP_TO}; None", none_is_value=True,
     )  # fmt: skip
     debounce_max_wait: float | None = _option(
         None, _seconds(minimum=0, inclusive=False),
         "With lock_debounce: a burst runs at the latest this many seconds after its first "
         "call, however steady the stream of calls. None: no limit.",
-        values="seconds > 0, None", none_is_value=True,
+        values=f"seconds > 0, {_UP_TO}; None", none_is_value=True,
     )  # fmt: skip
     replace_running: bool = _option(
         False, _flag,
@@ -336,7 +347,7 @@ class LockOptions:
         3600.0, _seconds(minimum=MIN_TIMEOUT, inclusive=True),
         "Queue scope: the lease of the lock while its message waits in the queue (nobody "
         "renews it there).",
-        values=f"seconds >= {MIN_TIMEOUT:g}",
+        values=f"seconds >= {MIN_TIMEOUT:g}, {_UP_TO}",
     )  # fmt: skip
     rate_limit: str | None = _option(
         None, _rate,
@@ -355,7 +366,7 @@ class LockOptions:
         None, _seconds(minimum=0, inclusive=False),
         "With lock_release='success': seconds a successful run keeps the key after it "
         "ended (at most one success per lock_hold).",
-        values="seconds > 0", setting=False,
+        values=f"seconds > 0, {_UP_TO}", setting=False,
     )  # fmt: skip
     replicas: int = _option(
         0, _replica_count,

@@ -26,7 +26,10 @@ Fixtures:
 ``singleton_locks``
     A :class:`SingletonLocks` for the session's prefix: the locks held, and assertions
     such as ``assert_free(task.lock_key(...))`` and ``assert_no_locks()``. Each test starts
-    with no locks under the prefix.
+    with nothing under the prefix: no locks, and none of the state the modes keep beside
+    them (throttle starts, pending follow-ups, debounce bursts, waiters, records of
+    finished and skipped runs), so one test's calls never throttle, coalesce or skip the
+    next test's.
 
 The fixtures work beside Celery's in-process ``celery_app`` / ``celery_worker`` fixtures
 and beside pytest-celery 1.x (see docs/testing.md for both styles).
@@ -44,7 +47,13 @@ from celery import Celery
 
 from celery_singleton_lock.client import LockClient, client_from_url, redis_for
 from celery_singleton_lock.config import settings_for
-from celery_singleton_lock.ops.admin import LockRow, delete_locks, prefix_pattern, read_locks
+from celery_singleton_lock.ops.admin import (
+    LockRow,
+    delete_locks,
+    prefix_pattern,
+    read_locks,
+    scan_pages,
+)
 from celery_singleton_lock.testing import RedisServer
 
 __all__ = [
@@ -133,6 +142,23 @@ class SingletonLocks:
         rows = read_locks(self.client, prefix_pattern(self.prefix), foreign=False)
         return delete_locks(self.client, [row.key for row in rows if row.kind == "lock"])
 
+    def reset(self) -> int:
+        """Delete every key under the prefix: the locks, every key kept beside them (the
+        companions ``<prefix>:<task>:{<digest>}:<suffix>``: waiters, slots, fencing
+        counters, throttle starts, follow-ups, debounce bursts, finished runs) and the
+        records of skipped runs (``<prefix>~skipped:<task id>``); returns how many keys
+        went. Found with SCAN, never KEYS; a prefix is the package's namespace, so use a
+        prefix of the tests' own (the ``singleton_lock_prefix`` fixture is one)."""
+        base = prefix_pattern(self.prefix).removesuffix(":*")
+        deleted = 0
+        for pattern in (f"{base}:*", f"{base}~*"):
+            for page in scan_pages(self.client, pattern):
+                pipe = self.client.pipeline(transaction=False)
+                for key in page:
+                    pipe.delete(key)  # one key per DEL: keys of many cluster slots
+                deleted += sum(int(gone) for gone in pipe.execute())
+        return deleted
+
 
 @pytest.fixture(scope="session")
 def singleton_lock_redis() -> Iterator[RedisServer]:
@@ -181,9 +207,10 @@ def singleton_lock_app(singleton_lock_config: dict[str, Any]) -> Iterator[Celery
 def singleton_locks(
     singleton_lock_url: str, singleton_lock_prefix: str
 ) -> Iterator[SingletonLocks]:
-    """Inspect and assert on the locks under the session's prefix; starts with none."""
+    """Inspect and assert on the locks under the session's prefix; each test starts with
+    nothing under it (no locks, no mode state, no skip records)."""
     client = client_from_url(singleton_lock_url)
     locks = SingletonLocks(client, singleton_lock_prefix)
-    locks.clear()
+    locks.reset()
     yield locks
     client.close()

@@ -3,11 +3,13 @@
 ``CompatTask`` is a queue-scope ``LockedTask`` that hands its predecessor's options to the
 runtime (through the runtime's adapt hook) and reports a duplicate call the way its
 predecessor did. The lock itself is the runtime's: taken at publish, claimed by the run of
-that message, released by its owner, handed over by the task's own retry. One thing is
+that message, released by its owner, handed over by the task's own retry. Two things are
 added on top, for both predecessors' users: a task's own retry is never refused as a
-duplicate. When the runtime cannot hand the lock over (the retry changed the arguments, or
-the lock was given up before the run), the retried message is published past the lock, and
-its run waits its turn.
+duplicate (when the runtime cannot hand the lock over, because the retry changed the
+arguments or the lock was given up before the run, the retried message is published past
+the lock, and its run waits its turn); and ``task.apply()``, which publishes nothing, runs
+the body without any lock, as both predecessors did (their locks were taken only in
+``apply_async``), even while an identical message is queued.
 
 The settings helpers read a predecessor's setting under every spelling its users write:
 ``singleton_key_prefix``, ``SINGLETON_KEY_PREFIX`` and ``CELERY_SINGLETON_KEY_PREFIX``.
@@ -33,6 +35,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "CompatTask",
+    "applied_directly",
     "check_keys",
     "conf_value",
     "parse_setting",
@@ -92,6 +95,18 @@ def check_keys(task: Any, keys: tuple[str, ...], where: str) -> None:
         raise ImproperlyConfigured(f"task {task.name!r}: {where}: {exc}") from exc
 
 
+def applied_directly(request: Any) -> bool:
+    """Whether the run of ``request`` is ``task.apply()`` in this process: an eager run that
+    no locked publish made. A publish that took the lock names its key in the message
+    (also when ``task_always_eager`` runs it at once, and in the eager re-run of its
+    retries); ``apply()`` carries no such header."""
+    return (
+        bool(getattr(request, "is_eager", False))
+        and not getattr(request, "called_directly", True)
+        and runtime.header_key(request) is None
+    )
+
+
 class CompatTask(LockedTask):
     """A queue-scope ``LockedTask`` driven by a predecessor's options and settings.
 
@@ -144,6 +159,14 @@ class CompatTask(LockedTask):
                 "keep one"
             )
         return adapted, {**mapped, **given}
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        if applied_directly(self.request):
+            # task.apply(): no lock (the predecessors locked only in apply_async). The next
+            # __call__ past the locking classes runs the body (a base class's own, or
+            # Celery's).
+            return runtime.body_of(self, super(LockedTask, self).__call__)(*args, **kwargs)
+        return super().__call__(*args, **kwargs)
 
     def apply_async(  # type: ignore[override]  # same call shape, options forwarded as-is
         self, args: Any = None, kwargs: Any = None, **options: Any

@@ -15,9 +15,13 @@
 ``delay``/``apply_async`` take the lock on the task name and its arguments (or the
 ``once['keys']`` parameters; ``[]``: the task name only) and raise ``AlreadyQueued`` while
 it is held, or return a result whose ``.result`` is None with ``graceful``. Calling the task
-directly is not locked. The lock is released when the run ends, success or failure, or just
-before the body runs with ``unlock_before_run``; it expires ``timeout`` seconds (the
-``default_timeout``, one hour) after it was taken, and again after the run started.
+directly, or running it with ``task.apply()``, is not locked (the body runs even while the
+same call is queued, and leaves that call's lock alone). With the lock Redis unreachable,
+``delay`` raises ``LockBackendError``, which is also a ``redis.RedisError``, as
+celery-once's Redis errors were. The lock is released when the run ends, success or
+failure, or just before the body runs with ``unlock_before_run``; it expires ``timeout``
+seconds (the ``default_timeout``, one hour) after it was taken, and again after the run
+started.
 
 ``ONCE['backend']`` is recognised by name, never imported (after the migration there is no
 ``celery_once`` package): it must name celery-once's Redis backend. Its ``settings``:
@@ -44,6 +48,7 @@ from celery.result import EagerResult
 from celery_singleton_lock import runtime
 from celery_singleton_lock.compat._common import (
     CompatTask,
+    applied_directly,
     check_keys,
     conf_value,
     parse_setting,
@@ -251,7 +256,7 @@ class QueueOnce(CompatTask):
         raise AlreadyQueued(self._countdown(key), key=key, task_id=holder_id)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        if not self._once().get("unlock_before_run", False):
+        if not self._once().get("unlock_before_run", False) or applied_directly(self.request):
             return super().__call__(*args, **kwargs)
         request = self.request
         if request.id and not request.called_directly:

@@ -11,6 +11,9 @@ The lock is taken in ``apply_async``/``delay`` on the task name and its argument
 to the signature, or only the ``unique_on`` parameters). A duplicate call publishes nothing
 and returns the queued or running task's ``AsyncResult``, or raises ``DuplicateTaskError``
 with ``raise_on_duplicate``. The lock is released when the run ends, success or failure.
+``task.apply()`` publishes nothing and takes no lock: the body runs, even while the same call
+is queued. With the lock Redis unreachable, ``delay`` raises ``LockBackendError``, which is
+also a ``redis.RedisError``, as celery-singleton's Redis errors were.
 
 Settings, each also written upper case or as ``CELERY_SINGLETON_...``:
 ``singleton_backend_url`` (default: the result backend if it is Redis, else the broker),

@@ -13,8 +13,11 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from celery_singleton_lock.engine.keyspace import (
+    BURST,
     DEBOUNCE,
+    DONE,
     PENDING,
+    QUEUE,
     STARTS,
     SUPERSEDED,
     companion_key,
@@ -41,8 +44,8 @@ __all__ = [
     "throttle",
 ]
 
-#: ``(key, value, TTL ms)``: a key to SET in the same atomic step (it must share the lock's
-#: hash slot, e.g. a ``companion_key``), as a release records who finished.
+#: ``(done set, task id, keep ms)``: in the same atomic step, the task id is recorded as
+#: finished in the lock's done set (``keyspace.DONE``), kept that long, as a release does.
 Record = tuple[str, str, int]
 
 _THROTTLE = SCRIPTS["throttle"]
@@ -71,21 +74,29 @@ def throttle(
     return None if int(reply[0]) == 1 else int(reply[1]) / 1000
 
 
+def throttle_wait(client: LockClient, key: str, *, limit: int, window_ms: int) -> float:
+    """Seconds until a start of lock ``key`` would be admitted (0: now), recording nothing."""
+    reply = call(key, _THROTTLE, client, 1, companion_key(key, STARTS), limit, window_ms, "")
+    return 0.0 if int(reply[0]) == 1 else int(reply[1]) / 1000
+
+
 def hold(lock: RedisLock, hold_ms: int, info: str, record: Record | None = None) -> int:
-    """Turn the hold of ``lock.token`` on ``lock.name`` into a hold of ``hold_ms`` from the
-    server's now that nobody renews (same owner token and fencing token, waiters' flag
-    kept), with holder info ``info``; ``record`` is written in the same step. The end of
+    """Turn the hold of ``lock.token`` on its key (the lock key, or the slot it took) into a
+    hold of ``hold_ms`` from the server's now that nobody renews (same owner token and
+    fencing token, waiters' flag kept), with holder info ``info``; ``record`` is written in
+    the same step. The end of
     the hold (server ms), or 0 when not owned or ``lock.token`` is None (nothing done).
     The lock is not detached: that is the caller's move."""
     token = lock.token
     if token is None:
         return 0
+    key = lock.held_key  # with slots, the slot this hold took
     if record is None:
-        reply = call(lock.name, _HOLD, lock.client, 1, lock.name, token, hold_ms, info)
+        reply = call(lock.name, _HOLD, lock.client, 1, key, token, hold_ms, info)
     else:
-        where, value, ttl_ms = record
+        done, task_id, keep_ms = record
         reply = call(
-            lock.name, _HOLD, lock.client, 2, lock.name, where, token, hold_ms, info, value, ttl_ms
+            lock.name, _HOLD, lock.client, 2, key, done, token, hold_ms, info, task_id, keep_ms
         )
     return int(reply)
 
@@ -173,35 +184,25 @@ class Handed(NamedTuple):
     options: str
 
 
-def hand_over(lock: RedisLock, lease_ms: int, record: Record | None = None) -> Handed | None:
-    """At the end of the run that holds ``lock`` (under ``lock.token``): give the lock to
-    the pending follow-up, leased for ``lease_ms`` under its queue token (a new fencing
-    token), and return it; None when not owned, ``lock.token`` is None or there is no
-    follow-up (release as usual). ``record`` is written in the same step. The lock is not
-    detached: that is the caller's move."""
+def hand_over(lock: RedisLock, lease_ms: int, record: Record | None = None) -> Handed | int:
+    """At the end of the run that holds ``lock`` (under ``lock.token``), in one step: give
+    the lock to the pending follow-up, leased for ``lease_ms`` under its queue token (a new
+    fencing token), and return it; with no follow-up, release the lock as
+    :meth:`RedisLock.release` does (waiters served) and return its reply (1, 2 or 3). 0:
+    not owned (or ``lock.token`` is None), nothing done. ``record`` is written in the same
+    step. The lock is not detached: that is the caller's move."""
     token = lock.token
     if token is None:
-        return None
-    pending = companion_key(lock.name, PENDING)
-    if record is None:
-        reply = call(lock.name, _HAND_OVER, lock.client, 2, lock.name, pending, token, lease_ms)
-    else:
+        return 0
+    keys = [lock.name, companion_key(lock.name, QUEUE), companion_key(lock.name, PENDING)]
+    args: list[bytes | int | str] = [token, lease_ms]
+    if record is not None:
         where, value, ttl_ms = record
-        reply = call(
-            lock.name,
-            _HAND_OVER,
-            lock.client,
-            3,
-            lock.name,
-            pending,
-            where,
-            token,
-            lease_ms,
-            value,
-            ttl_ms,
-        )
+        keys.append(where)
+        args += [value, ttl_ms]
+    reply = call(lock.name, _HAND_OVER, lock.client, len(keys), *keys, *args)
     if int(reply[0]) != 1:
-        return None
+        return int(reply[1]) if len(reply) > 1 else 0
     task_id, body, content_type, encoding, options = reply[1:]
     data = body if isinstance(body, bytes) else str(body).encode()
     return Handed(_text(task_id), data, _text(content_type), _text(encoding), _text(options))
@@ -227,15 +228,18 @@ def debounce_join(
 ) -> Burst:
     """Add the call ``task_id`` to the open burst of lock ``key``, or open one: the burst
     runs ``quiet_ms`` after its last call, at most ``max_wait_ms`` after its first (0: no
-    limit); its record is kept ``keep_ms`` past its due time."""
-    reply = call(
-        key, _JOIN, client, 1, companion_key(key, DEBOUNCE), task_id, quiet_ms, max_wait_ms, keep_ms
-    )
+    limit); its records are kept ``keep_ms`` past its due time."""
+    keys = (companion_key(key, DEBOUNCE), companion_key(key, DONE))
+    reply = call(key, _JOIN, client, 2, *keys, task_id, quiet_ms, max_wait_ms, keep_ms)
     return Burst(_text(reply[0]), int(reply[1]), max(0.0, int(reply[2]) / 1000))
 
 
-def debounce_run(client: LockClient, key: str, task_id: str, generation: str) -> bool:
-    """At delivery: whether the message ``task_id`` of ``generation`` is its burst's latest
-    call, delivered for the first time (the burst is then marked as run)."""
-    reply = call(key, _RUN, client, 1, companion_key(key, DEBOUNCE), task_id, generation)
-    return int(reply) == 1
+def debounce_run(
+    client: LockClient, key: str, burst_id: str, generation: str, *, keep_ms: int
+) -> bool:
+    """At delivery: whether the message of ``generation`` of burst ``burst_id`` is the
+    burst's latest call and the burst has not finished (then it runs; a retry or a
+    redelivery of it runs too). With the burst's record lost, the first message delivered
+    wins (its record is recreated, kept ``keep_ms``)."""
+    keys = (companion_key(key, BURST + burst_id), companion_key(key, DONE))
+    return int(call(key, _RUN, client, 2, *keys, burst_id, generation, keep_ms)) == 1

@@ -8,6 +8,7 @@ __all__ = [
     "GRACE_BASE_MS",
     "GRACE_FRACTION",
     "GRANT_TTL_MS",
+    "MAX_DURATION",
     "SIGNAL_TTL_MS",
     "STARTS_TTL_SLACK_MS",
     "WAITER_SLACK_MS",
@@ -27,3 +28,12 @@ GRANT_TTL_MS = 60_000
 #: The starts set of a throttled key (``lock_rate_limit``) outlives its newest start by one
 #: window plus this.
 STARTS_TTL_SLACK_MS = 1000
+#: The longest duration, in seconds, that anything accepts (365 days): a lease, an
+#: ``acquire`` wait, and every duration option and setting (``options.MAX_DURATION`` is this
+#: one). A lock value's expiry is the server's clock plus the lease in milliseconds and must
+#: stay below 2**53 (``value.MAX_EXACT``, the largest integer a Lua number holds exactly);
+#: today's clock is about 1.8e12 ms, so the grammar itself would allow leases up to about
+#: 285,000 years, but a bound far inside that keeps every sum the scripts make of durations
+#: (lease plus grace, a hold after a run, a window plus slack) exact, and refuses a value
+#: such as 1e14 s, which is a unit mix-up rather than a wish.
+MAX_DURATION = 31_536_000

@@ -10,6 +10,7 @@ standard library.
 from __future__ import annotations
 
 __all__ = [
+    "BURST",
     "DEBOUNCE",
     "DONE",
     "FENCE",
@@ -42,14 +43,16 @@ SLOT = "slot:"
 FENCE = "fence"
 #: The marker written before ``WAIT`` for replicas.
 SYNC = "sync"
-#: The task id of the last queue-scope run of the key that finished.
+#: The task ids of the key's runs that finished recently: a sorted set (score: server ms).
 DONE = "done"
 #: The pending follow-up of a key (coalesce, replace): a hash.
 PENDING = "pending"
 #: ``superseded:<task id>``: that queued call was superseded by the task id stored there.
 SUPERSEDED = "superseded:"
-#: A key's debounce burst: a hash.
+#: A key's open debounce burst: a hash (its task id, generation, first call, due time).
 DEBOUNCE = "debounce"
+#: ``burst:<task id>``: the latest generation of that debounce burst.
+BURST = "burst:"
 #: A key's recent starts (``lock_rate_limit``): a sorted set scored by server ms.
 STARTS = "starts"
 
@@ -66,6 +69,7 @@ SUFFIXES = {
     "PENDING": PENDING,
     "SUPERSEDED": SUPERSEDED,
     "DEBOUNCE": DEBOUNCE,
+    "BURST": BURST,
     "STARTS": STARTS,
 }
 

@@ -36,6 +36,7 @@ from typing import Any, ClassVar, cast
 import redis
 from redis.cluster import RedisCluster
 
+from celery_singleton_lock.engine.constants import MAX_DURATION
 from celery_singleton_lock.engine.holds import Hold
 from celery_singleton_lock.engine.keyspace import SIGNAL, SLOT, SYNC, companion_key
 from celery_singleton_lock.engine.plain import PlainProtocol
@@ -66,16 +67,21 @@ _BLPOP_MARGIN = 0.04
 _SOCKET_SHARE = 0.8
 
 
+#: How the upper bound of every duration reads in an error message.
+_AT_MOST = f"at most {MAX_DURATION} (365 days)"
+
+
 def _lease_ms(value: object, what: str) -> int:
-    """Validate a lease in seconds and return it in milliseconds."""
+    """Validate a lease in seconds (positive, finite, at most ``MAX_DURATION``: beyond it the
+    expiry a lock value stores would leave the value grammar) and return it in milliseconds."""
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise ValueError(f"{what} must be a positive number of seconds, got {value!r}")
     try:
         seconds = float(value)
     except OverflowError:  # an int too big for a float
         seconds = math.inf
-    if not math.isfinite(seconds) or seconds <= 0:
-        raise ValueError(f"{what} must be a positive number of seconds, got {value!r}")
+    if not math.isfinite(seconds) or seconds <= 0 or seconds > MAX_DURATION:
+        raise ValueError(f"{what} must be a positive number of seconds, {_AT_MOST}, got {value!r}")
     return max(1, round(seconds * 1000))
 
 
@@ -257,10 +263,18 @@ class RedisLock(Renewing):
         hold = self._hold()
         return hold.fence if hold is not None else None
 
+    @property
+    def held_key(self) -> str:
+        """The key the hold this call is about holds: the lock key, or with slots the slot
+        taken (the lock key when not held)."""
+        hold = self._hold()
+        return hold.key if hold is not None else self.name
+
     # -- public API ---------------------------------------------------------------------
 
     def acquire(self, blocking: bool = True, timeout: float | None = None) -> bool:
-        """Take the lock; wait up to ``timeout`` seconds (None: forever) when ``blocking``.
+        """Take the lock; wait up to ``timeout`` seconds (None or ``math.inf``: forever; a
+        finite wait is at most ``MAX_DURATION``, 365 days) when ``blocking``.
 
         Returns False only when the lock stayed held; Redis errors raise LockBackendError.
         The calling thread must not hold this instance already (LockError).
@@ -270,13 +284,14 @@ class RedisLock(Renewing):
             or not isinstance(timeout, (int, float))
             or (isinstance(timeout, float) and math.isnan(timeout))
             or timeout < 0
+            or (timeout != math.inf and timeout > MAX_DURATION)
         ):
-            raise ValueError(f"acquire timeout must be a number >= 0 or None, got {timeout!r}")
-        if timeout is not None and (timeout == math.inf or isinstance(timeout, int)):
-            try:
-                timeout = None if timeout == math.inf else float(timeout)
-            except OverflowError:
-                timeout = None  # an int too big for a float: wait forever, as math.inf
+            raise ValueError(
+                f"acquire timeout must be a number of seconds >= 0 and {_AT_MOST}, None or "
+                f"math.inf (wait forever), got {timeout!r}"
+            )
+        if timeout is not None:
+            timeout = None if timeout == math.inf else float(timeout)
         if self._own_hold() is not None:
             raise LockError("this thread already holds it (RedisLock is not re-entrant)", self.name)
         deadline = None if timeout is None else time.monotonic() + timeout
@@ -364,8 +379,9 @@ class RedisLock(Renewing):
     def release(self, *, record: tuple[str, str, int] | None = None) -> None:
         """Release the lock; LockNotOwned if this instance no longer holds it.
 
-        ``record`` = (key, value, TTL ms) also sets that key in the same atomic step (the
-        key must share the lock's Redis Cluster hash slot, e.g. a ``companion_key``).
+        ``record`` = (done set, task id, keep ms) also records that task id as finished in
+        the lock's done set (``keyspace.DONE``, pruned to ``keep ms``) in the same atomic
+        step.
         """
         hold = self._hold()
         key = None
@@ -540,7 +556,7 @@ class RedisLock(Renewing):
             key = self._slot_of(token)
             now_ms, value, _ = self._inspect(key)
         except LockBackendError:
-            raise error from None
+            raise error from error.__cause__
         if value is None or value.token != token or not value.held_at(now_ms):
             granted = self._cancel_quietly(token) if queued else None
             if granted is None:

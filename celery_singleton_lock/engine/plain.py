@@ -41,6 +41,15 @@ WATCH_ROUNDS = 16
 MAXMEMORY_RELEASE_MARGIN_MS = 1000
 
 
+def _finished(pipe: Any, record: tuple[str, str, int], now_ms: int) -> None:
+    """Queue the commands of ``lib/finished.lua`` on ``pipe``: the task id joins the done set
+    at server time ``now_ms``; members older than the keep time go."""
+    done, task_id, keep_ms = record
+    pipe.zremrangebyscore(done, "-inf", now_ms - keep_ms)
+    pipe.zadd(done, {task_id: now_ms})
+    pipe.pexpire(done, keep_ms)
+
+
 class PlainProtocol(Protocol):
     """Acquire, release and extend with plain commands; ``step`` is a seam between the
     steps of acquire where tests let a real rival act."""
@@ -127,6 +136,8 @@ class PlainProtocol(Protocol):
                     pipe.execute()
                 except redis.WatchError:
                     continue  # the key changed under us: nothing was written, start over
+                except LockBackendError:
+                    raise  # ours already (a RedisError too): never wrapped twice
                 except redis.RedisError as exc:
                     raise backend_error(exc, self.name) from exc
             self._leave(token, mode)
@@ -198,10 +209,11 @@ class PlainProtocol(Protocol):
         self, token: str, record: tuple[str, str, int] | None = None, key: str | None = None
     ) -> int:
         def delete(pipe: Any, current: LockValue) -> int:
+            now_ms = self.server_time()[0] if record is not None else 0
             pipe.multi()
             pipe.delete(self.name)
             if record is not None:
-                pipe.set(record[0], record[1], px=record[2])
+                _finished(pipe, record, now_ms)
             pipe.rpush(self.signal_key, "1")
             pipe.pexpire(self.signal_key, SIGNAL_TTL_MS)
             pipe.execute()
@@ -214,7 +226,9 @@ class PlainProtocol(Protocol):
                 raise
             released = self._release_at_maxmemory(token, exc)
             if released and record is not None:
-                call(self.name, self.client.set, record[0], record[1], px=record[2])
+                pipe = self.client.pipeline(transaction=False)
+                _finished(pipe, record, self.server_time()[0])
+                call(self.name, pipe.execute)
             return released
 
     def _release_at_maxmemory(self, token: str, error: LockBackendError) -> int:
@@ -265,6 +279,8 @@ class PlainProtocol(Protocol):
                     return write(pipe, current)
                 except redis.WatchError:
                     continue
+                except LockBackendError:
+                    raise  # ours already (a RedisError too): never wrapped twice
                 except redis.RedisError as exc:
                     raise backend_error(exc, self.name) from exc
         raise LockError(f"the lock key kept changing during {what}", self.name)

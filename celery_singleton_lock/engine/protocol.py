@@ -108,7 +108,8 @@ class Protocol(ABC):
     ) -> int:
         """Owner-checked release of ``key`` (the lock key, or a slot): 0 not owned (nothing
         done), 1 released, 2 released and waiters signalled, 3 handed straight to a waiter.
-        ``record`` = (key, value, TTL ms): also set that key in the same step."""
+        ``record`` = (done set, task id, keep ms): also record that task id as finished
+        in the lock's done set in the same step (see ``atomic.Record``)."""
 
     @abstractmethod
     def extend(self, token: str, lease_ms: int, key: str | None = None) -> int:

@@ -54,15 +54,24 @@ def at_maxmemory(error: BaseException | None) -> bool:
 
 
 def call(name: str, func: Callable[..., _T], *args: Any, **kwargs: Any) -> _T:
-    """Run one Redis call for lock ``name``, turning redis-py errors into LockBackendError."""
+    """Run one Redis call for lock ``name``, turning redis-py errors into LockBackendError.
+
+    A ``LockBackendError`` raised inside ``func`` (itself a ``redis.RedisError``) goes on
+    unchanged: it already says what failed, and its ``__cause__`` is the redis-py error
+    that callers look at (a lost reply, maxmemory)."""
     try:
         return func(*args, **kwargs)
+    except LockBackendError:
+        raise
     except (redis.RedisError, redis.exceptions.RedisClusterException) as exc:
         raise backend_error(exc, name) from exc
 
 
 def backend_error(error: BaseException, name: str) -> LockBackendError:
-    """The LockBackendError for a redis-py error about lock ``name``."""
+    """The LockBackendError for a redis-py error about lock ``name`` (given a
+    ``LockBackendError``, one with the same message: never "Redis error: Redis error: ...")."""
+    if isinstance(error, LockBackendError):
+        return LockBackendError(error.message, error.name or name)
     if at_maxmemory(error):
         return LockBackendError(
             "Redis is at maxmemory and refuses writes that need memory (set maxmemory-policy "

@@ -49,6 +49,10 @@ class Release(Protocol):
     def republish(self, handed: Handed) -> None:
         """Publish a follow-up that was just handed this key, past the lock."""
 
+    def released(self, state: str | None, *, held: bool, hold: float = 0.0) -> None:
+        """Report how the hold ended: ``held`` False when the lease was found lost (the key
+        was no longer ours); ``hold``: seconds the key stays held after a success."""
+
 
 class Run(Release, Protocol):
     """One delivery of a message of a locked task, from its first try of the lock."""
@@ -84,6 +88,13 @@ class Run(Release, Protocol):
 
     def header(self, name: str) -> Any:
         """A header of the delivered message (None when absent)."""
+
+    def insist(self) -> None:
+        """This delivery is the work itself and must not be dropped as a duplicate: under
+        ``skip`` a busy key makes it come back later (as for a retried run)."""
+
+    def countdown(self, holder: Holder | None) -> float:
+        """When a run that found its key busy (held by ``holder``) comes back."""
 
     def retry(
         self,
@@ -162,6 +173,11 @@ class Mode:
         """Whether a task with these effective options uses this mode."""
         return False
 
+    def worker_problem(self, options: LockOptions, pool: type | None) -> str | None:
+        """Why a worker running tasks with these options on this pool class (None when
+        unknown) must not start, or None. Checked when the worker starts."""
+        return None
+
     # -- the run pipeline, in order ---------------------------------------------------------
 
     def deliver(self, run: Run) -> None:
@@ -182,6 +198,16 @@ class Mode:
         """The hold is being given up (``state``: how the run ended, None for a lost run):
         True when the mode dealt with the key itself (handed it on, kept it)."""
         return False
+
+    def finished_keep(self, options: LockOptions) -> float | None:
+        """Seconds a finished run's task id must be remembered beside its key (so a late
+        copy of its message, or of its burst, does not run again); None: not needed."""
+        return None
+
+    def busy_countdown(self, run: Run, countdown: float) -> float:
+        """The countdown of a retry because the key is busy, as this mode would have it
+        (``countdown``: what the policy chose)."""
+        return countdown
 
     # -- the publish pipeline ---------------------------------------------------------------
 
@@ -209,10 +235,6 @@ class Scope(Mode):
         """The run ended in a retry: True when the retried message took its hold over."""
         return False
 
-    def finished_record(self, ending: Release, state: str | None) -> Record | None:
-        """What a release writes about a run that ended in ``state`` (None: nothing)."""
-        return None
-
     def hand_back(self, run: Run) -> None:
         """A run gives its key back before starting, to come again later."""
         run.give_back()
@@ -224,8 +246,9 @@ class ConflictPolicy(Mode):
     #: The policy name reported by signals.
     reported: ClassVar[str] = ""
 
-    def for_attempt(self, retries: int) -> ConflictPolicy:
-        """The policy of an attempt that is retry number ``retries`` (0: the first)."""
+    def for_attempt(self, retried: bool) -> ConflictPolicy:
+        """The policy of an attempt that is the work itself (``retried``: a retry, or a run
+        that a mode says must not be dropped) rather than maybe a duplicate of it."""
         return self
 
     def acquire(self, run: Run) -> bool:

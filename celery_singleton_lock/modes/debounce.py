@@ -63,11 +63,17 @@ class Debounce(Mode):
     def applies(cls, options: LockOptions) -> bool:
         return options.debounce is not None
 
+    def finished_keep(self, options: LockOptions) -> float | None:
+        return KEEP_MS / 1000  # a finished burst never runs again, whatever comes late
+
     def before_publish(self, call: Publish) -> AnyResult | None:
         """The call joins its key's burst and is published under the burst's task id, due
-        when the burst is; the lock is taken when that run starts."""
+        when the burst is; the lock is taken when that run starts. A retry of a run (its own
+        ``self.retry()``) is that run again, published as asked (its countdown kept)."""
         options = call.options
         publish_options = call.publish_options
+        if publish_options.get("retries"):
+            return None
         key = call.key()
         task_id = publish_options.pop("task_id", None) or uuid()
         for timing in ("countdown", "eta"):
@@ -97,12 +103,14 @@ class Debounce(Mode):
         )
 
     def deliver(self, run: Run) -> None:
-        """A message of a burst runs only if it is the burst's latest call, delivered for
-        the first time; an older one ends here."""
+        """A message of a burst runs only if it is the burst's latest call and the burst has
+        not finished; an older one ends here. The run that goes ahead is the work of every
+        call of its burst: a busy key makes it come back later, even under ``skip``."""
         generation = run.header(HEADER_DEBOUNCE)
         if generation is None:
             return
-        if atomic.debounce_run(run.client, run.key, run.task_id, str(generation)):
+        if atomic.debounce_run(run.client, run.key, run.task_id, str(generation), keep_ms=KEEP_MS):
+            run.insist()
             return
         observe.debounced(run.task, run.key, run.task_id, generation=int(generation))
         log.info(

@@ -30,9 +30,9 @@ from kombu.serialization import dumps
 
 from celery_singleton_lock import _observe as observe
 from celery_singleton_lock.engine import atomic
-from celery_singleton_lock.exceptions import LockBackendError, TaskLocked, TaskThrottled
+from celery_singleton_lock.exceptions import LockBackendError, TaskLocked
 from celery_singleton_lock.modes.base import ConflictPolicy
-from celery_singleton_lock.modes.policies import countdown, tell
+from celery_singleton_lock.modes.policies import UNCOUNTED_RETRY, tell
 from celery_singleton_lock.options import Combination
 
 if TYPE_CHECKING:
@@ -75,6 +75,18 @@ def _pending(call: Publish, task_id: str) -> atomic.Pending:
     )
 
 
+def stops_running_tasks(pool: type) -> bool:
+    """Whether ``revoke(terminate=True)`` stops a running task on a worker of this pool
+    class: prefork terminates the child, eventlet and gevent kill the green thread; solo
+    and threads cannot (their ``terminate_job`` is the base class's, which refuses)."""
+    from celery.concurrency.base import BasePool  # noqa: PLC0415 - Celery's pool machinery
+    from celery.concurrency.prefork import TaskPool as Prefork  # noqa: PLC0415
+
+    if issubclass(pool, Prefork):
+        return True
+    return getattr(pool, "terminate_job", None) is not BasePool.terminate_job
+
+
 class Coalesce(ConflictPolicy):
     """Calls made while the key is held collapse into one follow-up with the latest
     arguments, run once the holder ends."""
@@ -112,37 +124,37 @@ class Coalesce(ConflictPolicy):
     def conflict(self, run: Run, holder: Holder | None) -> Any:
         tell(run, "retry", holder)
         exc = TaskLocked(run.key, holder.task_id if holder else None)
-        raise run.retry(exc, countdown(run.options, holder, run.retries))
+        raise run.retry(exc, run.countdown(holder))
 
     def throttled(self, run: Run, retry_in: float) -> bool:
-        run.give_back()
-        raise TaskThrottled(run.key, retry_in)
+        """A follow-up (or any call of the key) is the work: it comes back when the window
+        frees, as under ``retry``, instead of failing."""
+        return UNCOUNTED_RETRY.throttled(run, retry_in)
 
     # -- the end of the holder's run hands the key to the follow-up ------------------------
 
     def release(self, ending: Release, state: str | None) -> bool:
+        """Hand the key to the pending follow-up, or release it, in one atomic step."""
         if state == states.RETRY:
             return False  # a retried run keeps the key for its retry (or frees it)
         lock = ending.lock
         lease_ms = max(1, int(ending.options.queue_timeout * 1000))
         try:
-            handed = atomic.hand_over(lock, lease_ms, ending.record)
+            outcome = atomic.hand_over(lock, lease_ms, ending.record)
         except LockBackendError as exc:
             log.error("could not hand %s over to its follow-up: %s", lock.name, exc)
             return False
-        if handed is None:
-            return False
         lock.detach()
-        if state is None:
-            log.warning(
-                "lock %s of lost or revoked task %s[%s] handed to its follow-up",
-                lock.name,
+        ending.released(state, held=outcome != 0)
+        if isinstance(outcome, atomic.Handed):
+            log.info(
+                "%s[%s]: lock %s handed to its follow-up %s",
                 ending.task.name,
                 ending.task_id,
+                lock.name,
+                outcome.task_id,
             )
-        else:
-            observe.released(ending.task, lock, ending.task_id, ending.options, state)
-        ending.republish(handed)
+            ending.republish(outcome)
         return True
 
     # -- a call while the key is held -------------------------------------------------------
@@ -189,13 +201,26 @@ class Replace(Coalesce):
         ),
     )
 
-    def conflict(self, run: Run, holder: Holder | None) -> Any:
+    def worker_problem(self, options: LockOptions, pool: type | None) -> str | None:
+        """``lock_replace_running`` revokes the running holder with ``terminate=True``; a pool
+        that cannot terminate a running task (solo, threads) would let the old run go on
+        beside the new one."""
+        if not options.replace_running or pool is None or stops_running_tasks(pool):
+            return None
+        return (
+            f"lock_replace_running needs a pool that can stop a running task (prefork, "
+            f"eventlet, gevent); this worker's pool {pool.__module__}.{pool.__qualname__} "
+            "cannot, so a replaced run would overlap the new one"
+        )
+
+    def deliver(self, run: Run) -> None:
+        """A superseded call never runs, whenever its message comes (a countdown, a busy
+        worker's prefetch, another queue): its REVOKED state stays."""
         by = atomic.superseded_by(run.client, run.key, run.task_id)
         if by is not None:
             observe.superseded(run.task, run.key, run.task_id, by=by, running=False)
             log.info("%s[%s] not run: superseded by %s", run.task.name, run.task_id, by)
             raise Ignore
-        return super().conflict(run, holder)
 
     def _follow(self, call: Publish, key: str) -> atomic.Followed:
         lease_ms = max(1, int(call.options.queue_timeout * 1000))

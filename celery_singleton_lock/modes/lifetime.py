@@ -14,7 +14,6 @@ from typing import TYPE_CHECKING, ClassVar
 
 from celery import states
 
-from celery_singleton_lock import _observe as observe
 from celery_singleton_lock.engine import atomic
 from celery_singleton_lock.exceptions import LockBackendError, LockNotOwned
 from celery_singleton_lock.modes.base import Mode
@@ -46,14 +45,10 @@ class ReleaseAtStart(Mode):
         return options.release == cls.name
 
     def start(self, run: Run) -> bool:
-        lock = run.lock
         try:
-            lock.release()
+            run.lock.release()
         except LockNotOwned:
-            log.warning(
-                "lock %s of task %s had expired before its body started", run.key, run.task_id
-            )
-            observe.lost(run.task, lock, run.task_id, run.options)
+            run.released("STARTED", held=False)
         except LockBackendError as exc:
             log.error(
                 "could not release lock %s of task %s at its start: %s (it frees at its lease end)",
@@ -62,7 +57,7 @@ class ReleaseAtStart(Mode):
                 exc,
             )
         else:
-            observe.released(run.task, lock, run.task_id, run.options, "STARTED")
+            run.released("STARTED", held=True)
         return False
 
 
@@ -121,11 +116,5 @@ class HoldAfterSuccess(Mode):
             )
             return False
         lock.detach()
-        if not expiry:
-            log.warning(
-                "lock %s of task %s had expired before the run ended", lock.name, ending.task_id
-            )
-            observe.lost(ending.task, lock, ending.task_id, options)
-            return True
-        observe.released(ending.task, lock, ending.task_id, options, "SUCCESS", hold=options.hold)
+        ending.released(state, held=bool(expiry), hold=options.hold)
         return True

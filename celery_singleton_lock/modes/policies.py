@@ -99,8 +99,8 @@ class Skip(ConflictPolicy):
 
     name = reported = "skip"
 
-    def for_attempt(self, retries: int) -> ConflictPolicy:
-        return UNCOUNTED_RETRY if retries else self
+    def for_attempt(self, retried: bool) -> ConflictPolicy:
+        return UNCOUNTED_RETRY if retried else self
 
     def conflict(self, run: Run, holder: Holder | None) -> Any:
         holder_id = holder.task_id if holder else None
@@ -144,7 +144,7 @@ class Retry(ConflictPolicy):
     def conflict(self, run: Run, holder: Holder | None) -> Any:
         tell(run, "retry", holder)
         exc = TaskLocked(run.key, holder.task_id if holder else None)
-        raise run.retry(exc, countdown(run.options, holder, run.retries), counted=self.counted)
+        raise run.retry(exc, run.countdown(holder), counted=self.counted)
 
     def throttled(self, run: Run, retry_in: float) -> bool:
         if run.eager:

@@ -14,7 +14,7 @@ import hashlib
 import logging
 from typing import TYPE_CHECKING
 
-from celery import states
+from celery.exceptions import Ignore
 
 from celery_singleton_lock.engine.keyspace import DONE, companion_key
 from celery_singleton_lock.engine.wire import call
@@ -23,7 +23,6 @@ from celery_singleton_lock.modes.base import Scope
 
 if TYPE_CHECKING:
     from celery_singleton_lock.engine import RedisLock
-    from celery_singleton_lock.engine.atomic import Record
     from celery_singleton_lock.modes.base import Release, Run
     from celery_singleton_lock.options import LockOptions
 
@@ -50,13 +49,9 @@ def task_group(task_id: str) -> str:
 
 
 def finished(lock: RedisLock, task_id: str) -> bool:
-    """Whether a run of ``task_id`` finished under ``lock``'s key within the queue lease."""
-    done = call(lock.name, lock.client.get, companion_key(lock.name, DONE))
-    return done is not None and (done.decode() if isinstance(done, bytes) else done) == task_id
-
-
-def _ms(seconds: float) -> int:
-    return max(1, int(seconds * 1000))
+    """Whether a run of ``task_id`` finished under ``lock``'s key lately (within the time
+    its task id is kept: see ``Mode.finished_keep``)."""
+    return call(lock.name, lock.client.zscore, companion_key(lock.name, DONE), task_id) is not None
 
 
 class RunScope(Scope):
@@ -78,7 +73,9 @@ class QueueScope(Scope):
         return run_key
 
     def admit(self, run: Run) -> bool:
-        """A redelivered copy of a message whose first delivery finished does not run."""
+        """A redelivered copy of a message whose first delivery finished does not run, and
+        completes nothing either (``Ignore``: the first delivery's result stays, and a
+        chain or chord it belongs to does not go on a second time)."""
         if run.redelivered and finished(run.lock, run.task_id):
             run.lock.release()
             log.info(
@@ -86,17 +83,14 @@ class QueueScope(Scope):
                 run.task.name,
                 run.task_id,
             )
-            return False
+            raise Ignore
         return True
 
     def retried(self, ending: Release) -> bool:
         return ending.lock.fencing_token is None  # the retried message took the hold over
 
-    def finished_record(self, ending: Release, state: str | None) -> Record | None:
-        if state == states.RETRY:
-            return None
-        key = companion_key(ending.lock.name, DONE)
-        return key, ending.task_id, _ms(ending.options.queue_timeout)
+    def finished_keep(self, options: LockOptions) -> float | None:
+        return options.queue_timeout
 
     def hand_back(self, run: Run) -> None:
         """The hold goes back to the run's message, as a queued hold under the message's

@@ -16,6 +16,7 @@ from celery_singleton_lock.engine import atomic
 from celery_singleton_lock.engine.keyspace import STARTS, companion_key
 from celery_singleton_lock.exceptions import LockBackendError
 from celery_singleton_lock.modes.base import Mode
+from celery_singleton_lock.modes.policies import jitter
 from celery_singleton_lock.options import Combination, no_scripts, parse_rate
 
 if TYPE_CHECKING:
@@ -52,6 +53,21 @@ class Throttle(Mode):
     @classmethod
     def applies(cls, options: LockOptions) -> bool:
         return options.rate_limit is not None
+
+    def busy_countdown(self, run: Run, countdown: float) -> float:
+        """A run of a throttled key that found it busy comes back when its turn in the rate
+        comes (the next free start, at least the rate's spacing), not after a backoff that
+        grows with its retries: the rate sets the pace."""
+        rate = run.options.rate_limit
+        if rate is None:
+            return countdown
+        limit, window_ms = parse_rate(rate)
+        try:
+            wait = atomic.throttle_wait(run.client, run.key, limit=limit, window_ms=window_ms)
+        except LockBackendError:
+            return countdown
+        spacing = window_ms / 1000 / limit
+        return min(countdown, jitter(max(wait, spacing)))
 
     def admit(self, run: Run) -> bool:
         rate = run.options.rate_limit

@@ -174,9 +174,11 @@ Probe = Callable[[], object]
 
 #: What the scripted locks send themselves, besides the commands their scripts call
 #: (``scripts.commands()``): EVALSHA with SCRIPT LOAD on NOSCRIPT, BLPOP to wait, ZREM / LPOP
-#: / DEL to stop waiting, TIME / GET / PTTL to inspect a lock, SET and WAIT for replicas.
+#: / DEL to stop waiting, TIME / GET / PTTL to inspect a lock, SET and WAIT for replicas,
+#: ZSCORE to ask whether a task id's run of a key finished (the done set).
 SCRIPTED_CLIENT_COMMANDS = frozenset(
     {
+        "ZSCORE",
         "PING",
         "TIME",
         "GET",
@@ -196,6 +198,8 @@ SCRIPTED_CLIENT_COMMANDS = frozenset(
 #: wake-ups, and the same waiting, inspecting and replica commands as the scripted locks.
 PLAIN_COMMANDS = frozenset(
     {
+        "ZSCORE",
+        "ZREMRANGEBYSCORE",
         "PING",
         "TIME",
         "SET",
@@ -298,6 +302,7 @@ def _probe_table(client: LockClient, key: str) -> dict[str, Probe]:
         "ZPOPMIN": lambda: client.zpopmin(queue),
         "ZREM": lambda: client.zrem(queue, "probe"),
         "ZREMRANGEBYSCORE": lambda: client.zremrangebyscore(k["STARTS"], "-inf", 0),
+        "ZSCORE": lambda: client.zscore(k["DONE"], "probe"),
         "HSET": lambda: client.hset(pending, "id", "probe"),
         "HEXISTS": lambda: client.hexists(pending, "id"),
         "HGET": lambda: client.hget(pending, "id"),

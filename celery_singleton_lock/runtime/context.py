@@ -12,14 +12,16 @@ import time
 from collections.abc import Callable
 from contextvars import ContextVar
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
+from celery.exceptions import Reject, Retry
 from kombu.serialization import loads
 
+from celery_singleton_lock import _observe as observe
 from celery_singleton_lock._observe import RunLock
 from celery_singleton_lock.engine import RedisLock
 from celery_singleton_lock.exceptions import LockBackendError, LockNotOwned
-from celery_singleton_lock.modes.policies import jitter
+from celery_singleton_lock.modes.policies import countdown, jitter
 from celery_singleton_lock.modes.scope import queue_token
 from celery_singleton_lock.runtime import headers as hdr
 from celery_singleton_lock.runtime.locking import TaskLocking
@@ -28,6 +30,7 @@ if TYPE_CHECKING:
     from celery import Task
     from celery.result import AsyncResult
 
+    from celery_singleton_lock.engine import Holder
     from celery_singleton_lock.engine.atomic import Handed, Record
     from celery_singleton_lock.engine.wire import LockClient
     from celery_singleton_lock.modes.base import ConflictPolicy, Scope
@@ -81,6 +84,8 @@ class Run:
     holding: bool = False
     #: What the release writes in the same step; set as the run ends.
     record: Record | None = None
+    #: A mode said this delivery is the work itself (see ``insist``).
+    insisting: bool = False
 
     @property
     def task_id(self) -> str:
@@ -104,11 +109,12 @@ class Run:
 
     @property
     def policy(self) -> ConflictPolicy:
-        return self.locking.plan.policy.for_attempt(self.retries)
+        return self.locking.plan.policy.for_attempt(bool(self.retries) or self.insisting)
 
     @property
     def retries(self) -> int:
-        return int(self.request.retries or 0)
+        """How many times this work came back: the task's own retries and the lock's."""
+        return int(self.request.retries or 0) + int(self.header(hdr.HEADER_LOCK_RETRIES) or 0)
 
     @property
     def eager(self) -> bool:
@@ -121,6 +127,15 @@ class Run:
     def header(self, name: str) -> Any:
         return hdr.header(self.request, name)
 
+    def insist(self) -> None:
+        self.insisting = True
+
+    def countdown(self, holder: Holder | None) -> float:
+        wait = countdown(self.options, holder, self.retries)
+        for mode in self.locking.plan.hooks:
+            wait = mode.busy_countdown(self, wait)
+        return wait
+
     def retry(
         self,
         exc: BaseException,
@@ -129,21 +144,38 @@ class Run:
         counted: bool = True,
         duplicate: bool = False,
     ) -> BaseException:
-        """``task.retry`` for a lock that was busy or unreachable: the retried message
+        """The retry a lock that was busy or unreachable asks for: the retried message
         carries this run's key and options and is published past the queue lock (which may
         be held by someone else, or unreachable), so it can neither be dropped nor stay in
-        RETRY."""
+        RETRY. A counted retry is the task's own ``task.retry``; any other is published
+        here, leaving ``request.retries``, ``max_retries`` and the task object as they are
+        (it is counted in a header of its own). An eager run cannot come back later: it
+        gets ``exc`` to raise instead."""
+        request = self.request
+        lock_retries = int(self.header(hdr.HEADER_LOCK_RETRIES) or 0) + (0 if counted else 1)
         headers: dict[str, Any] = {hdr.HEADER_KEY: self.key}
+        if lock_retries:
+            headers[hdr.HEADER_LOCK_RETRIES] = lock_retries
         if duplicate:
             headers[hdr.HEADER_DUPLICATE] = True
         carried = self.header(hdr.HEADER_OPTIONS)
         if carried:
             headers[hdr.HEADER_OPTIONS] = carried
+        if counted:
+            retry: Callable[..., BaseException] = self.task.retry
+            return retry(exc=exc, countdown=countdown, **{hdr.REPUBLISH_OPTION: headers})
+        if self.eager:
+            return exc
         options: dict[str, Any] = {hdr.REPUBLISH_OPTION: headers}
-        if not counted:
-            options["max_retries"] = self.retries + 1
-        retry: Callable[..., BaseException] = self.task.retry
-        return retry(exc=exc, countdown=countdown, **options)
+        from_request: Callable[..., Any] = self.task.signature_from_request
+        sig = from_request(
+            request, countdown=countdown, retries=int(request.retries or 0), **options
+        )
+        try:
+            sig.apply_async()
+        except Exception as error:  # noqa: BLE001 - as Celery's retry: rejected, not lost silently
+            return Reject(error, requeue=False)
+        return Retry(exc=cast("Exception", exc), when=cast("Any", countdown), sig=sig)
 
     def outage(self, exc: BaseException, *, going_on: str = "running UNLOCKED") -> None:
         name, task_id = self.task.name, self.task_id
@@ -157,9 +189,13 @@ class Run:
                 going_on,
             )
             return
-        log.error("singleton lock unavailable for %s[%s]: %s; retrying", name, task_id, exc)
         if self.lock.fencing_token is not None:
             self.give_back()
+        if self.eager:
+            # An eager run cannot come back later (Celery would re-run it at once, again and
+            # again): the outage is its error.
+            raise exc
+        log.error("singleton lock unavailable for %s[%s]: %s; retrying", name, task_id, exc)
         countdown = jitter(min(OUTAGE_COUNTDOWN, self.options.timeout))
         # Fail closed without losing the message: retry until the lock Redis answers,
         # whatever the task's max_retries (an outage is not the task's failure).
@@ -180,6 +216,18 @@ class Run:
 
     def republish(self, handed: Handed) -> None:
         republish_followup(self.task, self.locking, self.key, handed)
+
+    def released(self, state: str | None, *, held: bool, hold: float = 0.0) -> None:
+        if held:
+            observe.released(self.task, self.lock, self.task_id, self.options, state, hold=hold)
+            return
+        log.warning(
+            "lock %s of task %s had expired before the run ended (%s)",
+            self.key,
+            self.task_id,
+            state,
+        )
+        observe.lost(self.task, self.lock, self.task_id, self.options)
 
 
 def republish_followup(task: AnyTask, locking: TaskLocking, key: str, handed: Handed) -> None:

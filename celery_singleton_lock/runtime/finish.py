@@ -15,10 +15,12 @@ from typing import TYPE_CHECKING, Any
 from celery import states
 
 from celery_singleton_lock import _observe as observe
+from celery_singleton_lock.engine.keyspace import DONE, companion_key
 from celery_singleton_lock.exceptions import LockBackendError, LockNotOwned
 from celery_singleton_lock.runtime.context import RUN_ATTR
 
 if TYPE_CHECKING:
+    from celery_singleton_lock.engine.atomic import Record
     from celery_singleton_lock.runtime.context import Run
 
 __all__ = ["finish", "release_after_run"]
@@ -39,6 +41,16 @@ def release_after_run(task: Any, task_id: str, state: str | None) -> None:
         finish(run, state)
 
 
+def finished_record(run: Run) -> Record | None:
+    """The record of ``run``'s task id as finished, kept as long as the plan's modes ask
+    (None when none does)."""
+    keeps = [mode.finished_keep(run.options) for mode in run.locking.plan.hooks]
+    longest = max((keep for keep in keeps if keep is not None), default=None)
+    if longest is None:
+        return None
+    return companion_key(run.key, DONE), run.task_id, max(1, int(longest * 1000))
+
+
 def finish(run: Run, state: str | None) -> None:
     """Give up ``run``'s hold as the run ends in ``state``."""
     lock = run.lock
@@ -48,17 +60,18 @@ def finish(run: Run, state: str | None) -> None:
     if state == states.RETRY and plan.scope.retried(run):
         return  # the retried message took this hold over (and detached it) when published
     # A retry that did not take the hold over (it locks other arguments, or was published
-    # past a held key) frees it now rather than leave it to its lease.
-    run.record = plan.scope.finished_record(run, state)
+    # past a held key) frees it now rather than leave it to its lease. Any other end records
+    # the task id as finished, in the same step, when a mode needs that remembered.
+    if state != states.RETRY:
+        run.record = finished_record(run)
     for mode in plan.hooks:
         if mode.release(run, state):
             return
     try:
         lock.release(record=run.record)
     except LockNotOwned:
-        log.warning("lock %s of task %s had expired before the run ended", lock.name, run.task_id)
-        observe.lost(run.task, lock, run.task_id, run.options)
+        run.released(state, held=False)
     except LockBackendError as exc:
         log.error("could not release lock %s of task %s: %s", lock.name, run.task_id, exc)
     else:
-        observe.released(run.task, lock, run.task_id, run.options, state)
+        run.released(state, held=True)

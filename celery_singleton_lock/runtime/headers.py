@@ -17,6 +17,7 @@ from celery_singleton_lock.options import TASK_OPTION_PREFIX, validate_task_opti
 __all__ = [
     "HEADER_DUPLICATE",
     "HEADER_KEY",
+    "HEADER_LOCK_RETRIES",
     "HEADER_OPTIONS",
     "PUBLISH_WAIT_OPTION",
     "REPUBLISH_OPTION",
@@ -34,6 +35,10 @@ HEADER_KEY = "singleton_lock_key"
 #: Header of a message republished because an earlier delivery of it held the lock: when
 #: it runs, it first checks that the earlier one did not finish the work.
 HEADER_DUPLICATE = "singleton_lock_duplicate"
+#: Message header counting the retries the lock layer asked for (a busy key, an outage, an
+#: earlier delivery holding it): they do not count against the task's ``max_retries`` and
+#: leave ``request.retries`` alone, but they make the run "the work itself".
+HEADER_LOCK_RETRIES = "singleton_lock_retries"
 #: ``apply_async`` option of a retry that the lock layer itself asks for (the lock was
 #: busy or unreachable): publish it as it is (its value: headers to add), never blocked or
 #: lost on the queue lock.

@@ -57,6 +57,15 @@ class LostRun:
     def republish(self, handed: Handed) -> None:
         republish_followup(self.task, self.locking, self.lock.name, handed)
 
+    def released(self, state: str | None, *, held: bool, hold: float = 0.0) -> None:
+        if held:
+            log.warning(
+                "released lock %s of lost or revoked task %s[%s]",
+                self.lock.name,
+                self.task.name,
+                self.task_id,
+            )
+
     def release(self) -> bool:
         """Free the hold (owner-checked), unless a mode deals with the key (hands it to a
         pending follow-up); whether it was freed or handed on."""
@@ -67,12 +76,7 @@ class LostRun:
             self.lock.release()
         except LockNotOwned:
             return False
-        log.warning(
-            "released lock %s of lost or revoked task %s[%s]",
-            self.lock.name,
-            self.task.name,
-            self.task_id,
-        )
+        self.released(None, held=True)
         return True
 
 

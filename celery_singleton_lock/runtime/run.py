@@ -24,7 +24,7 @@ from celery.exceptions import Ignore, Reject, Retry
 
 from celery_singleton_lock import _observe as observe
 from celery_singleton_lock.exceptions import LockBackendError, TaskLocked
-from celery_singleton_lock.modes.policies import countdown, tell
+from celery_singleton_lock.modes.policies import tell
 from celery_singleton_lock.runtime import headers as hdr
 from celery_singleton_lock.runtime.context import RUN_ATTR, Run, holding
 from celery_singleton_lock.runtime.delivery import reclaim_from_dead_delivery
@@ -116,8 +116,7 @@ def on_conflict(run: Run) -> Any:
     if holder is not None and holder.task_id == run.task_id:
         tell(run, "retry", holder)
         exc = TaskLocked(run.key, holder.task_id)
-        wait = countdown(run.options, holder, run.retries)
-        raise run.retry(exc, wait, counted=False, duplicate=True)
+        raise run.retry(exc, run.countdown(holder), counted=False, duplicate=True)
     return run.policy.conflict(run, holder)
 
 

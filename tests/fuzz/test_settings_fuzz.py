@@ -27,6 +27,7 @@ from celery_singleton_lock import RedisLock
 from celery_singleton_lock.config import read_settings
 from celery_singleton_lock.options import (
     CONFLICT_POLICIES,
+    MAX_DURATION,
     MIN_TIMEOUT,
     SCOPES,
     setting_names,
@@ -89,18 +90,19 @@ def _model(name: str, value: Any) -> Any:
     class ``ImproperlyConfigured`` when they call it malformed. ``...`` where the model does
     not judge (URLs, lock_keys, tasks: checked only for their error type)."""
     if name in ("timeout", "queue_timeout"):
-        ok = _real(value) and math.isfinite(_float(value)) and _float(value) >= MIN_TIMEOUT
+        ok = _real(value) and MIN_TIMEOUT <= _float(value) <= MAX_DURATION
         return _float(value) if ok else ImproperlyConfigured
     if name == "wait":
         if value is None or (_real(value) and _float(value) == math.inf):
             return None
-        ok = _real(value) and math.isfinite(_float(value)) and _float(value) >= 0
+        ok = _real(value) and 0 <= _float(value) <= MAX_DURATION
         return _float(value) if ok else ImproperlyConfigured
-    if name == "retry_delay":
+    if name in ("retry_delay", "debounce", "debounce_max_wait"):
         if value is None:
             return None
-        ok = _real(value) and math.isfinite(_float(value)) and _float(value) >= 0
-        return _float(value) if ok else ImproperlyConfigured
+        number = _float(value) if _real(value) else math.nan
+        above = number >= 0 if name == "retry_delay" else number > 0
+        return number if above and number <= MAX_DURATION else ImproperlyConfigured
     if name == "replicas":
         ok = isinstance(value, numbers.Integral) and not isinstance(value, bool)
         return int(value) if ok and 0 <= int(value) < 2**63 else ImproperlyConfigured
@@ -136,7 +138,8 @@ def _same(got: Any, expected: Any) -> bool:
     return bool(got == expected) and type(got) is type(expected)
 
 
-EDGES = (MIN_TIMEOUT, 0.4999, 0, 0.0, -0.0, 1e-9, -1, 1, 2**63 - 1, 2**63, math.inf, math.nan)
+EDGES = (MIN_TIMEOUT, 0.4999, 0, 0.0, -0.0, 1e-9, -1, 1, 2**63 - 1, 2**63, math.inf, math.nan,
+         MAX_DURATION, MAX_DURATION + 1e-6, 1e14)  # fmt: skip
 
 
 @pytest.mark.parametrize("name", setting_names())

@@ -4,6 +4,7 @@ one admitted or refused, owned or not owned, and what it leaves at the keys."""
 from __future__ import annotations
 
 import json
+import time
 
 import redis
 
@@ -52,7 +53,7 @@ def test_hold_keeps_owner_and_fence_and_refuses_a_non_owner(client: redis.Redis,
         lock.token, fence, "held", expiry,
     )  # fmt: skip
     assert client.pttl(key) > 60_000
-    assert client.get(record) == b"t-1"
+    assert client.zscore(record, "t-1") is not None  # recorded as finished
     assert lock.token is not None  # not detached
 
     client.set(key, "1:0:someone-else:7:x", px=60_000)
@@ -108,50 +109,104 @@ def test_replace_supersedes_a_queued_holder_and_follows_a_running_one(
     running.detach()
 
 
-def test_hand_over_gives_the_lock_to_the_follow_up_only_when_owned(
+def test_hand_over_gives_the_lock_to_the_follow_up_or_releases_it(
     client: redis.Redis, key: str
 ) -> None:
     """The owner's run ends with a follow-up pending: the key goes to the follow-up's queue
-    token (a new fencing token) and the call comes back, record written; without a
-    follow-up, without a hold, or not owned: None, nothing changed. Not detached."""
+    token (a new fencing token) and the call comes back, record written. Without a hold or
+    not owned: 0, nothing changed. Not detached."""
     holder = _holder(client, key, "h", queued=False)
-    assert atomic.hand_over(holder, 30_000) is None  # no follow-up: release as usual
     assert atomic.follow(client, key, _pending("f", b"\x00binary")) == ("follow", "f")
-    assert atomic.hand_over(RedisLock(client, key, timeout=5), 30_000) is None  # no hold
-
+    assert atomic.hand_over(RedisLock(client, key, timeout=5), 30_000) == 0  # no hold
     stranger = RedisLock(client, key, timeout=5, token="stranger")
-    assert atomic.hand_over(stranger, 30_000) is None  # not the owner
+    assert atomic.hand_over(stranger, 30_000) == 0  # not the owner
     assert client.exists(companion_key(key, PENDING))
 
     fence = holder.fencing_token or 0
     record = companion_key(key, "done")
     handed = atomic.hand_over(holder, 30_000, (record, "h", 10_000))
-    assert handed == atomic.Handed("f", b"\x00binary", "application/json", "utf-8",
-                                   '{"queue": "q"}')  # fmt: skip
+    assert handed == atomic.Handed(
+        "f", b"\x00binary", "application/json", "utf-8", '{"queue": "q"}'
+    )
     value = parse_value(client.get(key) or b"")
     assert (value.token, value.waiters) == ("q-f", False)
     assert (value.fence or 0) > fence
-    assert client.get(record) == b"h"
+    assert client.zscore(record, "h") is not None
     assert not client.exists(companion_key(key, PENDING))
     assert holder.token is not None  # not detached
     holder.detach()
 
 
+def test_hand_over_without_a_follow_up_releases_in_the_same_step(
+    client: redis.Redis, key: str
+) -> None:
+    """No follow-up pending: the end of the run releases the key in the same step, so a call
+    made right after finds it free and is published ("take"), instead of becoming a
+    follow-up of a hold that is about to go (which nobody would publish)."""
+    holder = _holder(client, key, "h", queued=False)
+    record = companion_key(key, "done")
+    assert atomic.hand_over(holder, 30_000, (record, "h", 10_000)) == 1
+    assert not client.exists(key)
+    assert client.zscore(record, "h") is not None
+    assert atomic.follow(client, key, _pending("late")) == ("take", None)
+    assert not client.exists(companion_key(key, PENDING))
+    holder.detach()
+
+
+def test_hand_over_without_a_follow_up_serves_the_waiters(client: redis.Redis, key: str) -> None:
+    """With a waiter queued, the release half hands the lock to it, as RELEASE does."""
+    holder = _holder(client, key, "h", queued=False)
+    waiter = RedisLock(client, key, timeout=5)
+    assert not waiter.acquire(timeout=0.2)  # queued (and left the queue when it timed out)
+    waiting = RedisLock(client, key, timeout=5)
+    assert waiting.protocol.acquire("w1", 5000, b"0", "", 5000).acquired is False  # queues w1
+    assert atomic.hand_over(holder, 30_000) == 3
+    assert parse_value(client.get(key) or b"").token == "w1"
+    holder.detach()
+
+
 def test_debounce_join_and_run(client: redis.Redis, key: str) -> None:
     """Calls join one burst (same task id, generations 1, 2) due a quiet time after the
-    last; only the latest generation runs, once; a call after that opens a new burst."""
+    last; only the latest generation runs, and again when redelivered or retried, until
+    the burst is recorded as finished; a call after that opens a new burst."""
     first = atomic.debounce_join(client, key, "a", quiet_ms=5_000, max_wait_ms=0, keep_ms=60_000)
     assert (first.task_id, first.generation) == ("a", 1)
     assert 4.5 < first.countdown <= 5.0
-    second = atomic.debounce_join(client, key, "b", quiet_ms=5_000, max_wait_ms=2_000,
-                                  keep_ms=60_000)  # fmt: skip
+    second = atomic.debounce_join(
+        client, key, "b", quiet_ms=5_000, max_wait_ms=2_000, keep_ms=60_000
+    )
     assert (second.task_id, second.generation) == ("a", 2)
     assert second.countdown <= 2.0  # capped by the max wait after the first call
     assert client.exists(companion_key(key, DEBOUNCE))
 
-    assert not atomic.debounce_run(client, key, "a", "1")  # stale generation
-    assert atomic.debounce_run(client, key, "a", "2")
-    assert not atomic.debounce_run(client, key, "a", "2")  # delivered again: not run again
+    assert not atomic.debounce_run(client, key, "a", "1", keep_ms=60_000)  # stale generation
+    assert atomic.debounce_run(client, key, "a", "2", keep_ms=60_000)
+    assert atomic.debounce_run(client, key, "a", "2", keep_ms=60_000)  # a retry: still runs
+    client.zadd(companion_key(key, "done"), {"a": 1})  # the burst's run finished
+    assert not atomic.debounce_run(client, key, "a", "2", keep_ms=60_000)  # not again
     third = atomic.debounce_join(client, key, "c", quiet_ms=5_000, max_wait_ms=0, keep_ms=60_000)
     assert (third.task_id, third.generation) == ("c", 1)
-    assert atomic.debounce_run(client, f"{key}-none", "z", "1")  # no record: run
+
+
+def test_a_burst_delayed_past_the_next_one_still_runs(client: redis.Redis, key: str) -> None:
+    """A busy worker delivers burst "a" after its due time, when a later call opened burst
+    "n": "a"'s latest message still runs (its own record), and so does "n"'s."""
+    atomic.debounce_join(client, key, "a", quiet_ms=50, max_wait_ms=0, keep_ms=60_000)
+    atomic.debounce_join(client, key, "a2", quiet_ms=50, max_wait_ms=0, keep_ms=60_000)
+    time.sleep(0.1)  # "a" is due and not delivered yet
+    later = atomic.debounce_join(client, key, "n", quiet_ms=50, max_wait_ms=0, keep_ms=60_000)
+    assert (later.task_id, later.generation) == ("n", 1)
+    assert not atomic.debounce_run(client, key, "a", "1", keep_ms=60_000)
+    assert atomic.debounce_run(client, key, "a", "2", keep_ms=60_000)
+    assert atomic.debounce_run(client, key, "n", "1", keep_ms=60_000)
+
+
+def test_a_lost_burst_record_lets_the_first_message_win(client: redis.Redis, key: str) -> None:
+    """After a restart lost the records, the first message of a burst delivered runs and
+    the burst's other messages do not (one run, not one per message)."""
+    atomic.debounce_join(client, key, "a", quiet_ms=5_000, max_wait_ms=0, keep_ms=60_000)
+    atomic.debounce_join(client, key, "b", quiet_ms=5_000, max_wait_ms=0, keep_ms=60_000)
+    client.flushall()
+    assert atomic.debounce_run(client, key, "a", "1", keep_ms=60_000)
+    assert not atomic.debounce_run(client, key, "a", "2", keep_ms=60_000)
+    assert atomic.debounce_run(client, key, "a", "1", keep_ms=60_000)  # its retry

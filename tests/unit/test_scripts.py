@@ -92,7 +92,7 @@ def test_commands_are_derived_from_the_source() -> None:
     assert SCRIPTS["throttle"].commands == {
         "TIME", "ZREMRANGEBYSCORE", "ZCARD", "ZADD", "PEXPIRE", "ZRANGE",
     }  # fmt: skip
-    assert SCRIPTS["debounce_run"].commands == {"HMGET", "HSET"}
+    assert SCRIPTS["debounce_run"].commands == {"ZSCORE", "GET", "SET"}
     assert {"SETRANGE", "ZADD", "PEXPIRE"} <= SCRIPTS["acquire"].commands  # via pcall
     assert "HEXISTS" not in SCRIPTS["followup_hand_over"].commands  # includes only it needs
     assert commands() == frozenset().union(*(s.commands for s in SCRIPTS.values()))

@@ -73,8 +73,8 @@ class WorkerFactory:
         name = f"w{len(self.started)}-{uuid.uuid4().hex[:6]}"
         worker = CeleryWorker(
             app, pool=pool, concurrency=concurrency, hostname=f"{name}@%h",
-            env={**self.env, **(extra_env or {})}, cwd=ROOT, log_path=self.tmp / f"{name}.log",
-            ready_timeout=ready_timeout,
+            env={**self.env, "CSL_WORKER_POOL": pool, **(extra_env or {})}, cwd=ROOT,
+            log_path=self.tmp / f"{name}.log", ready_timeout=ready_timeout,
         )  # fmt: skip
         self.started.append(worker)
         return worker.start()

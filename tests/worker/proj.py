@@ -413,8 +413,13 @@ def replaced(name: str, seconds: float, value: int) -> int:
     return _follow_section(name, seconds, value)
 
 
+# A worker whose pool cannot stop a running task (solo, threads) refuses to start with a
+# task that asks for lock_replace_running, so such a worker of this project leaves it off.
+_REPLACES_RUNNING = os.environ.get("CSL_WORKER_POOL", "prefork") == "prefork"
+
+
 @app.task(base=LockedTask, lock_keys=["name"], lock_scope="queue", lock_on_conflict="replace",
-          lock_replace_running=True)  # fmt: skip
+          lock_replace_running=_REPLACES_RUNNING)  # fmt: skip
 def replaced_running(name: str, seconds: float, value: int) -> int:
     """Replace, running holders included: the running one is revoked."""
     return _follow_section(name, seconds, value)

@@ -25,7 +25,8 @@ if holder.queued ~= true and ARGV[9] ~= '1' then
   return {2, pend(KEYS[2], ARGV, 1)}
 end
 write(KEYS[1], ARGV[2], math.max(now_us, tonumber(fence) + 1), ARGV[3], now, tonumber(ARGV[10]))
+-- kept as long as a follow-up (ARGV[8]), so a message that comes late still finds it
 redis.call('SET', base(KEYS[1]) .. '${K_SUPERSEDED}' .. holder.task_id, ARGV[1], 'PX',
-  tonumber(ARGV[10]))
+  tonumber(ARGV[8]))
 redis.call('DEL', KEYS[2])
 return {holder.queued == true and 1 or 3, holder.task_id}

@@ -1,13 +1,15 @@
 -- HOLD (lock_release="success"): the owner's hold becomes a hold of ARGV[2] ms that nobody
 -- renews: same owner token, same fencing token, the waiters' flag kept (they take it over
 -- when it ends).
--- KEYS[1] lock key, KEYS[2] (optional) a key that records who finished last
+-- KEYS[1] lock key (or the slot held), KEYS[2] (optional) the done set <base>${K_DONE}
 -- ARGV[1] owner token, ARGV[2] hold ms (from server now), ARGV[3] holder info to keep,
--- ARGV[4], ARGV[5] (with KEYS[2]) the value to record and its TTL ms
+-- ARGV[4], ARGV[5] (with KEYS[2]) the task id to record as finished, and how long it is
+-- kept (ms)
 -- returns the end of the hold (server ms), or 0 when not owned (nothing done)
 --@include clock
 --@include lease
 --@include owner
+--@include finished
 local current = redis.call('GET', KEYS[1])
 if not current then return 0 end
 local flag, fence = owned(current, ARGV[1])
@@ -19,7 +21,5 @@ local ttl = key_ttl(hold)
 -- PEXPIRE first: a write that never needs memory (see engine/scripts/__init__.py)
 redis.call('PEXPIRE', KEYS[1], ttl)
 redis.call('SET', KEYS[1], format_value(expiry, flag, ARGV[1], fence, ARGV[3]), 'PX', ttl)
-if KEYS[2] then
-  redis.call('SET', KEYS[2], ARGV[4], 'PX', tonumber(ARGV[5]))
-end
+if KEYS[2] then finished(KEYS[2], ARGV[4], ARGV[5]) end
 return expiry

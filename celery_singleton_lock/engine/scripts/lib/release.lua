@@ -1,0 +1,57 @@
+--@include clock
+--@include lease
+--@include owner
+--@include base
+--@include finished
+-- release(lock or slot key, waiters' queue key, owner token, slots, done key, task id,
+-- keep ms) -> 0 not owned (nothing done), 1 released, 2 released and waiters signalled, 3
+-- handed over to the first live waiter. Owner-checked; with slots > 1 the highest token
+-- issued across slots is kept in <base>${K_FENCE}. With a done key (optional), the task id
+-- is recorded as finished in the same step (lib/finished.lua).
+local function release(key, queue, token, slots, done_key, task_id, keep)
+  local current = redis.call('GET', key)
+  if not current then return 0 end
+  local flag, fence = owned(current, token)
+  if not flag then return 0 end
+  local function done()
+    if done_key then finished(done_key, task_id, keep) end
+  end
+  if flag == '0' then
+    redis.call('DEL', key)
+    done()
+    return 1
+  end
+  -- key may be a slot: the companions' base comes from the queue key
+  local b = base_of(queue, '${K_QUEUE}')
+  -- ZPOPMIN comes first: a write that never needs memory (see engine/scripts/__init__.py)
+  for _ = 1, 16 do
+    local waiter = redis.call('ZPOPMIN', queue)[1]
+    if not waiter then break end
+    local wants = redis.call('GET', b .. '${K_WAITER}' .. waiter)
+    if wants then
+      local lease, info = string.match(wants, '^(%d+):(.*)$')
+      lease = tonumber(lease)
+      local now, now_us = clock()
+      local next_fence = math.max(now_us, tonumber(fence) + 1)
+      local ttl = key_ttl(lease)
+      if slots ~= '1' then
+        next_fence = math.max(next_fence, tonumber(redis.call('GET', b .. '${K_FENCE}') or 0) + 1)
+        redis.call('SET', b .. '${K_FENCE}', string.format('%.0f', next_fence), 'PX', ttl)
+      end
+      local expiry = string.format('%.0f', now + lease)
+      next_fence = string.format('%.0f', next_fence)
+      local more = redis.call('ZCARD', queue) > 0 and '1' or '0'
+      redis.call('SET', key, format_value(expiry, more, waiter, next_fence, info), 'PX', ttl)
+      local grant = b .. '${K_GRANT}' .. waiter
+      redis.call('RPUSH', grant, next_fence .. ':' .. expiry .. ':' .. key)
+      redis.call('PEXPIRE', grant, ${GRANT_TTL_MS})
+      done()
+      return 3
+    end
+  end
+  redis.call('DEL', key)  -- first: a write that never needs memory
+  done()
+  redis.call('RPUSH', b .. '${K_SIGNAL}', '1')
+  redis.call('PEXPIRE', b .. '${K_SIGNAL}', ${SIGNAL_TTL_MS})
+  return 2
+end

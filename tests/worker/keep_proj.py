@@ -1,0 +1,122 @@
+"""The Celery project of tests/worker/test_keep_every_call.py: the modes tried as a user
+would, with busy workers, countdowns, killed processes. Every body records what it ran (its
+arguments, when, in which process) in the data Redis; the test reads it back."""
+
+from __future__ import annotations
+
+import os
+import time
+from typing import Any
+
+import redis
+from celery import Celery
+
+from celery_singleton_lock import LockedTask
+
+BROKER = os.environ.get("CSL_BROKER_URL", "redis://127.0.0.1:6379/0")
+
+app = Celery("keep_proj", broker=BROKER, backend=os.environ.get("CSL_BACKEND_URL"))
+app.conf.update(
+    task_default_queue="csl-keep",
+    worker_prefetch_multiplier=1,
+    broker_connection_retry_on_startup=True,
+    result_expires=600,
+    result_backend_transport_options={"retry_policy": {"max_retries": 2, "interval_max": 0.2}},
+)
+
+_data: redis.Redis | None = None
+_data_pid = 0
+
+
+def data() -> redis.Redis:
+    """A client of the data Redis for this process (recreated after fork)."""
+    global _data, _data_pid  # noqa: PLW0603 - one lazily built client per process
+    if _data is None or _data_pid != os.getpid():
+        _data = redis.Redis.from_url(BROKER)
+        _data_pid = os.getpid()
+    return _data
+
+
+def record(name: str, value: Any, seconds: float = 0.0) -> Any:
+    """Record a run of ``name`` with ``value`` (and any overlap), lasting ``seconds``."""
+    r = data()
+    if r.incr(f"inside:{name}") > 1:
+        r.incr(f"over:{name}")
+    r.rpush(f"runs:{name}", f"{value} {time.time():.3f} {os.getpid()}")
+    time.sleep(seconds)
+    r.decr(f"inside:{name}")
+    return value
+
+
+@app.task
+def busy(seconds: float) -> str:
+    """Keeps a pool process busy (not locked)."""
+    time.sleep(seconds)
+    return "busy"
+
+
+@app.task(base=LockedTask, lock_keys=["name"], lock_scope="queue", lock_on_conflict="replace")
+def replaced(name: str, value: int) -> int:
+    """Replace: a new call supersedes a queued one."""
+    return record(name, value)  # type: ignore[no-any-return]
+
+
+@app.task(base=LockedTask, lock_keys=["name"], lock_scope="queue", lock_on_conflict="coalesce")
+def coalesced(name: str, value: int, seconds: float = 0.0) -> int:
+    """Keep latest."""
+    return record(name, value, seconds)  # type: ignore[no-any-return]
+
+
+@app.task(base=LockedTask, lock_keys=["name"], lock_debounce=0.3)
+def burst(name: str, value: int, seconds: float = 0.0) -> int:
+    """Debounced, skip on a busy key (the default)."""
+    return record(name, value, seconds)  # type: ignore[no-any-return]
+
+
+@app.task(base=LockedTask, lock_keys=["name"], lock_debounce=0.3, lock_on_conflict="retry",
+          lock_retry_delay=0.3, max_retries=None)  # fmt: skip
+def burst_retry(name: str, value: int, seconds: float = 0.0) -> int:
+    """Debounced, retry on a busy key."""
+    return record(name, value, seconds)  # type: ignore[no-any-return]
+
+
+@app.task(base=LockedTask, lock_keys=["name"], lock_debounce=0.3, acks_late=True,
+          reject_on_worker_lost=True, lock_timeout=30.0)  # fmt: skip
+def burst_killed(name: str, value: int) -> int:
+    """Debounced, acks_late + reject_on_worker_lost: the first run waits to be killed."""
+    r = data()
+    if r.incr(f"attempts:{name}") == 1:
+        r.rpush(f"pids:{name}", os.getpid())
+        time.sleep(30)
+    return record(name, value)  # type: ignore[no-any-return]
+
+
+@app.task(base=LockedTask, bind=True, lock_keys=["name"], lock_debounce=0.3, max_retries=3)
+def burst_retrying(self: Any, name: str, value: int) -> int:
+    """Debounced: its first attempt asks for a retry in 2 s."""
+    r = data()
+    r.rpush(f"attempts:{name}", f"{time.time():.3f}")
+    if r.llen(f"attempts:{name}") == 1:
+        raise self.retry(countdown=2.0)
+    return record(name, value)  # type: ignore[no-any-return]
+
+
+@app.task(base=LockedTask, lock_keys=["name"], lock_scope="queue", lock_on_conflict="coalesce",
+          lock_rate_limit="1/s")  # fmt: skip
+def follow_throttled(name: str, value: int, seconds: float = 0.0) -> int:
+    """Keep latest, at most one start a second."""
+    return record(name, value, seconds)  # type: ignore[no-any-return]
+
+
+@app.task(base=LockedTask, lock_keys=["name"], lock_limit=2, lock_release="success",
+          lock_hold=4.0, lock_on_conflict="skip")  # fmt: skip
+def held_slots(name: str, value: int, seconds: float = 0.0) -> int:
+    """Two slots; a success keeps its slot 4 s more."""
+    return record(name, value, seconds)  # type: ignore[no-any-return]
+
+
+@app.task(base=LockedTask, lock_keys=["name"], lock_on_conflict="retry", lock_rate_limit="4/s",
+          max_retries=None)  # fmt: skip
+def paced(name: str, index: int) -> int:
+    """One at a time, at most 4 starts a second, retrying when busy or throttled."""
+    return record(name, index, 0.02)  # type: ignore[no-any-return]
