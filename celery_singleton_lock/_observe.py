@@ -11,9 +11,13 @@ guard against anything else going wrong, so observing a lock never breaks a task
 
 from __future__ import annotations
 
+import ast
 import datetime
+import inspect
 import json
 import logging
+import re
+import sys
 import time
 from typing import TYPE_CHECKING, Any
 
@@ -32,6 +36,7 @@ __all__ = [
     "RunLock",
     "acquired",
     "conflict",
+    "events_markdown",
     "lock_acquired",
     "lock_coalesced",
     "lock_conflict",
@@ -43,6 +48,7 @@ __all__ = [
     "lock_throttled",
     "lost",
     "released",
+    "signals_markdown",
     "skip_record_key",
     "skipped",
     "throttled",
@@ -64,8 +70,9 @@ held), ``state`` (the run's Celery state; ``"STARTED"`` under ``lock_release="st
 
 lock_conflict = Signal(name="lock_conflict")
 """A run (or a queue-scope publish) found its key held and applies ``policy``: ``"skip"``,
-``"wait"`` (sent as the wait starts), ``"retry"`` or ``"raise"``. Sender: the task. Keyword
-arguments: ``key``, ``task_id`` (None for a publish: nothing was published),
+``"wait"`` (sent as the wait starts), ``"retry"`` or ``"raise"``; a publish also
+``"coalesce"``, ``"replace"`` or ``"debounce"`` (a later call of an open burst). Sender: the
+task. Keyword arguments: ``key``, ``task_id`` (None for a publish: nothing was published),
 ``holder_task_id`` (None when unknown), ``policy``, ``scope``."""
 
 lock_renewed = Signal(name="lock_renewed")
@@ -424,3 +431,128 @@ def reaped(app: Any, key: str, task_id: str | None, *, why: str) -> None:
             dispatcher.send(REAPED_EVENT, uuid=task_id, key=key, why=why)
     except Exception as exc:  # noqa: BLE001 - an event never fails the command
         log.debug("could not send %s for %s: %s", REAPED_EVENT, key, exc)
+
+
+# ------------------------------------------------------------------ documentation
+
+
+def _signal_docs() -> list[tuple[str, str, set[str]]]:
+    """``(name, docstring, keywords sent)`` of every public signal of this module, in the
+    order they are defined: the docstring written under each ``Signal(...)``, and the
+    keyword arguments of every ``_send(<signal>, ...)`` call here (read from the source, so
+    the reference can never list a keyword that is not sent, or miss one that is)."""
+    tree = ast.parse(inspect.getsource(sys.modules[__name__]))
+    found: list[tuple[str, str]] = []
+    body = tree.body
+    for node, following in zip(body, [*body[1:], None], strict=True):
+        if (
+            isinstance(node, ast.Assign)
+            and isinstance(node.value, ast.Call)
+            and isinstance(node.value.func, ast.Name)
+            and node.value.func.id == "Signal"
+            and isinstance(node.targets[0], ast.Name)
+        ):
+            doc = ""
+            if isinstance(following, ast.Expr) and isinstance(following.value, ast.Constant):
+                doc = str(following.value.value)
+            found.append((node.targets[0].id, doc))
+    sent: dict[str, set[str]] = {name: set() for name, _ in found}
+    for sending in ast.walk(tree):
+        if (
+            isinstance(sending, ast.Call)
+            and isinstance(sending.func, ast.Name)
+            and sending.func.id == "_send"
+            and sending.args
+            and isinstance(sending.args[0], ast.Name)
+            and sending.args[0].id in sent
+        ):
+            sent[sending.args[0].id].update(k.arg for k in sending.keywords if k.arg is not None)
+    return [(name, doc, sent[name]) for name, doc in found]
+
+
+def _markdown(text: str) -> str:
+    """A docstring as one line of Markdown: ````x```` becomes ```x```, ``|`` is escaped."""
+    return " ".join(text.split()).replace("``", "`").replace("|", "\\|")
+
+
+def documented_keywords(doc: str) -> set[str]:
+    """The keyword argument names a signal's docstring lists after "Keyword arguments:"
+    (names in double backticks, outside parentheses)."""
+    doc = " ".join(doc.split())
+    listed = doc.split("Keyword arguments:", 1)[-1] if "Keyword arguments:" in doc else ""
+    depth, outside = 0, []
+    for ch in listed:
+        depth += ch == "("
+        if depth == 0:
+            outside.append(ch)
+        depth -= ch == ")" and depth > 0
+    return set(re.findall(r"``([a-z_]+)``", "".join(outside)))
+
+
+def signals_markdown() -> str:
+    """The reference table of the signals for the docs, generated from this module: each
+    ``Signal``'s docstring split into when it is sent, its sender and its keyword
+    arguments. ``ValueError`` when a docstring and the keywords actually sent disagree."""
+    lines = [
+        "| signal | sent when | sender | keyword arguments |",
+        "|---|---|---|---|",
+    ]
+    for name, doc, sent in _signal_docs():
+        documented = documented_keywords(doc)
+        if documented != sent:
+            raise ValueError(
+                f"{name}: its docstring lists {sorted(documented)}, it is sent with {sorted(sent)}"
+            )
+        when, _, rest = " ".join(doc.split()).partition("Sender:")
+        sender, _, keywords = rest.partition("Keyword arguments:")
+        lines.append(
+            f"| `{name}` | {_markdown(when)} | {_markdown(sender).rstrip('.')} "
+            f"| {_markdown(keywords).rstrip('.')} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+#: Who sends an event, by the helper that sends it.
+_EVENT_SENDERS = {
+    "_event": ("the worker the message was delivered to", ("uuid", "name", "hostname")),
+    "_producer_event": (
+        "the producer, when the app sets `task_send_sent_event`",
+        ("uuid", "name"),
+    ),
+    "send": ("the process that ran `celery locks reap`", ()),
+}
+
+
+def events_markdown() -> str:
+    """The reference table of the worker events for the docs, generated from this
+    module's source: every ``_event``, ``_producer_event`` and dispatcher ``send`` of an
+    ``*_EVENT`` constant, with the fields it passes."""
+    module = sys.modules[__name__]
+    tree = ast.parse(inspect.getsource(module))
+    found: dict[str, dict[str, set[str]]] = {}
+    for node in ast.walk(tree):
+        if not isinstance(node, ast.Call):
+            continue
+        helper = (
+            node.func.id
+            if isinstance(node.func, ast.Name)
+            else node.func.attr
+            if isinstance(node.func, ast.Attribute)
+            else ""
+        )
+        if helper not in _EVENT_SENDERS:
+            continue
+        names = [arg.id for arg in node.args if isinstance(arg, ast.Name)]
+        constant = next((name for name in names if name.endswith("_EVENT")), None)
+        if constant is None:
+            continue
+        event = str(getattr(module, constant))
+        fields = found.setdefault(event, {}).setdefault(helper, set())
+        fields.update(_EVENT_SENDERS[helper][1])
+        fields.update(k.arg for k in node.keywords if k.arg is not None)
+    lines = ["| event | sent by | fields |", "|---|---|---|"]
+    for event in sorted(found):
+        for helper, fields in sorted(found[event].items()):
+            shown = ", ".join(f"`{field}`" for field in sorted(fields))
+            lines.append(f"| `{event}` | {_EVENT_SENDERS[helper][0]} | {shown} |")
+    return "\n".join(lines) + "\n"

@@ -40,11 +40,17 @@ REDIS_URL_SCHEMES = (
     "rediss+cluster",
 )
 _MASK = "**"
-# user:password@ inside the authority of a URL, however malformed the rest is.
-#: ``scheme://user:`` then the password up to the last ``@`` (a malformed password may hold
-#: ``/`` or ``@`` itself), and a ``password=`` query parameter.
-_CREDENTIALS = re.compile(r"^([^:]*://[^:/@]*:).*@")
-_QUERY_PASSWORD = re.compile(r"([?&]password=)[^&]*", re.IGNORECASE)
+#: A URL scheme at the start of a text (``redis://``, ``rediss+cluster://`` ...).
+_SCHEME = re.compile(r"\s*[A-Za-z][A-Za-z0-9+.-]*://")
+#: Where a multi-host or Sentinel value starts its next URL: a ``;`` followed by a scheme
+#: (a ``;`` inside a password is not followed by one, so it never splits a password).
+_NEXT_URL = re.compile(r";(?=\s*[A-Za-z][A-Za-z0-9+.-]*://)")
+#: A query parameter whose name says it holds a secret (``password=``,
+#: ``sentinel_password=``, ``token=`` ...): its value is masked.
+_QUERY_SECRET = re.compile(
+    r"([?&][^=&#]*?(?:password|passwd|pwd|secret|token|credential)[^=&#]*=)[^&#]*",
+    re.IGNORECASE,
+)
 
 #: Per app: (the PID that built them, {URL: client}).
 _cache: weakref.WeakKeyDictionary[Any, tuple[int, dict[str, LockClient]]] = (
@@ -79,14 +85,29 @@ def url_scheme(url: str) -> str:
     return head.strip().lower() if sep else ""
 
 
+def _mask_one(part: str) -> str:
+    """One URL (or anything shaped like one) with its credentials masked: whatever lies
+    between the first ``:`` after the scheme (or the start, when there is no scheme) and
+    the last ``@`` is a password, however malformed (a ``/``, ``@`` or ``;`` inside it
+    included); ``user@host`` carries none. Secret query parameters are masked too."""
+    scheme = _SCHEME.match(part)
+    start = scheme.end() if scheme else 0
+    at = part.rfind("@")
+    if at >= start:
+        colon = part.find(":", start, at)
+        if colon != -1:
+            part = f"{part[: colon + 1]}{_MASK}{part[at:]}"
+    return _QUERY_SECRET.sub(rf"\1{_MASK}", part)
+
+
 def mask_url(url: object) -> str:
-    """``url`` with every password replaced by ``**``: each part of a ``;``-separated
-    multi-host or Sentinel URL, and malformed URLs too (never raises)."""
+    """``url`` with every password replaced by ``**``, whatever its shape: with or without
+    a scheme (``user:secret@host``), a password only (``:secret@host``), percent-encoded
+    or malformed, each URL of a ``;``-separated multi-host or Sentinel list, and query
+    parameters such as ``password=``. Never raises; anything that is not a string is
+    masked as its ``str()``. A URL without a password (``user@host``) is left as it is."""
     text = str(url)
-    return ";".join(
-        _QUERY_PASSWORD.sub(rf"\1{_MASK}", _CREDENTIALS.sub(rf"\1{_MASK}@", part))
-        for part in text.split(";")
-    )
+    return ";".join(_mask_one(part) for part in _NEXT_URL.split(text))
 
 
 def url_error(url: object) -> str | None:

@@ -21,10 +21,12 @@ from celery.exceptions import ImproperlyConfigured
 from celery_singleton_lock.client import REDIS_URL_SCHEMES, mask_url, url_scheme
 from celery_singleton_lock.options import (
     SETTING_PREFIX,
+    TASK_OPTION_PREFIX,
     Settings,
     did_you_mean,
     setting_fields,
     setting_names,
+    task_option_names,
 )
 
 if TYPE_CHECKING:
@@ -137,9 +139,17 @@ def read_settings(conf: Mapping[str, Any], hidden: Mapping[str, str] | None = No
     if spelled_url is not None and hidden and isinstance(url, str) and url in hidden:
         written[SETTING_PREFIX + "url"] = (spelled_url, hidden[url])
     known = setting_names()
+    task_only = set(task_option_names())
     for canonical, (spelled, _) in written.items():
         if canonical not in known and canonical not in FOREIGN_SETTINGS:
-            hint = _respelled(did_you_mean(canonical, known), spelled)
+            option = TASK_OPTION_PREFIX + canonical.removeprefix(SETTING_PREFIX)
+            if option in task_only:
+                hint = (
+                    f"{option} is a task option only, not a setting: set it on the task, "
+                    "per call, or in a singleton_lock_tasks entry"
+                )
+            else:
+                hint = _respelled(did_you_mean(canonical, known), spelled)
             raise ImproperlyConfigured(f"{spelled}: unknown setting ({hint})")
     values: dict[str, Any] = {}
     for row in setting_fields():

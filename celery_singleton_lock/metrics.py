@@ -39,6 +39,7 @@ show nothing of its pool processes, so :func:`install` logs an error at worker s
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import threading
@@ -71,7 +72,7 @@ except ImportError as exc:  # pragma: no cover - depends on the environment
         "pip install 'celery-singleton-lock[metrics]'"
     ) from exc
 
-__all__ = ["LockMetrics", "enable", "install", "multiprocess_dir", "serve"]
+__all__ = ["LockMetrics", "enable", "install", "multiprocess_dir", "reference_markdown", "serve"]
 
 log = logging.getLogger("celery_singleton_lock.metrics")
 
@@ -337,3 +338,18 @@ def install(
         step = type("MetricsServer", (MetricsServer,), {"port": port, "addr": addr})
         app.steps["worker"].add(step)
     return metrics
+
+
+def reference_markdown() -> str:
+    """The reference table of the metrics for the docs, generated from
+    :meth:`LockMetrics.create` (each metric's exposed name, type, labels and help text)."""
+    metrics = LockMetrics.create(CollectorRegistry())
+    lines = ["| metric | type | labels | what |", "|---|---|---|---|"]
+    for row in dataclasses.fields(metrics):
+        metric = getattr(metrics, row.name)
+        (family,) = metric.describe()
+        exposed = f"{family.name}_total" if family.type == "counter" else family.name
+        labels = ", ".join(f"`{label}`" for label in metric._labelnames)
+        what = family.documentation.replace("|", "\\|")
+        lines.append(f"| `{exposed}` | {family.type} | {labels} | {what} |")
+    return "\n".join(lines) + "\n"

@@ -338,9 +338,9 @@ class LockOptions:
     )  # fmt: skip
     replace_running: bool = _option(
         False, _flag,
-        "With lock_on_conflict='replace': also supersede a holder that already runs (it is "
-        "revoked with terminate=True and the new call takes the lock, with a larger fencing "
-        "token, at once).",
+        "With lock_on_conflict='replace': also supersede a holder that already runs: it is "
+        "revoked with terminate=True and the new call, its follow-up, gets the key (a larger "
+        "fencing token) as soon as that run has stopped. Needs a pool that can stop a run.",
         values="True, False",
     )  # fmt: skip
     queue_timeout: float = _option(

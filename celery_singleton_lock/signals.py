@@ -45,7 +45,13 @@ from celery_singleton_lock._observe import (
     lock_superseded,
     lock_throttled,
 )
-from celery_singleton_lock.runtime import release_after_run, release_for_lost_run
+from celery_singleton_lock.runtime import (
+    received_request,
+    release_after_run,
+    release_for_dropped_message,
+    release_for_lost_run,
+    remember_delivery,
+)
 
 __all__ = [
     "connect",
@@ -98,10 +104,34 @@ def _on_failure(
         or not isinstance(exception, (WorkerLostError, TimeLimitExceeded))
     ):
         return
+    # The message's own headers (its key and per-call options), kept when it was received;
+    # the task's request in this process is not that message's.
+    request = received_request(task_id) or sender.request
     try:
-        release_for_lost_run(sender, task_id, args or (), kwargs or {}, sender.request)
+        release_for_lost_run(sender, task_id, args or (), kwargs or {}, request)
     except Exception:
         log.exception("could not release the lock of lost task %s", task_id)
+
+
+def _on_received(sender: Any = None, request: Any = None, **_: Any) -> None:
+    """The worker's main process received a message: remember its lock headers."""
+    if request is not None:
+        try:
+            remember_delivery(request)
+        except Exception:  # a receiver must never break the worker
+            log.exception("could not note the lock headers of %s", getattr(request, "id", None))
+
+
+def _on_dropped(sender: Any = None, message: Any = None, **_: Any) -> None:
+    """The worker drops a message without running it (an unknown task, a body it cannot
+    decode): free the queue lock its publish took."""
+    app = getattr(sender, "app", None)
+    if app is None or message is None:
+        return
+    try:
+        release_for_dropped_message(app, message)
+    except Exception:  # a receiver must never break the worker
+        log.exception("could not release the lock of a dropped message")
 
 
 def connect() -> None:
@@ -109,3 +139,6 @@ def connect() -> None:
     signals.task_postrun.connect(_on_postrun, weak=False, dispatch_uid="csl.postrun")
     signals.task_revoked.connect(_on_revoked, weak=False, dispatch_uid="csl.revoked")
     signals.task_failure.connect(_on_failure, weak=False, dispatch_uid="csl.failure")
+    signals.task_received.connect(_on_received, weak=False, dispatch_uid="csl.received")
+    signals.task_unknown.connect(_on_dropped, weak=False, dispatch_uid="csl.unknown")
+    signals.task_rejected.connect(_on_dropped, weak=False, dispatch_uid="csl.rejected")

@@ -36,7 +36,7 @@ from __future__ import annotations
 
 import statistics
 from collections import defaultdict
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -79,6 +79,8 @@ class Fault:
     detail: str = ""
     #: (body id, key, task kind) of the bodies the target held when the fault began.
     held: list[tuple[str, str, str]] = field(default_factory=list)
+    #: The processes it killed (SIGKILL), recorded just before.
+    pids: list[int] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -256,8 +258,10 @@ def analyse(
     *,
     lease: float,
     lock_commands: int,
+    modes: Mapping[str, Any] | None = None,
 ) -> Results:
-    """Judge one soak."""
+    """Judge one soak. ``modes``: the modes' verdict (:func:`benchmarks.soak.modes.summary`),
+    whose violations outside a restart of the lock Redis are a safety target too."""
     restarts = [fault.at for fault in faults if fault.kind == "redis_restart"]
     found = overlaps(snapshot.bodies, restarts)
     kept = [item for item in found if not item.data_loss]
@@ -379,6 +383,26 @@ def analyse(
             safety=False,
         ),
     ]
+    if modes is not None:
+        figures["modes"] = dict(modes)
+        safe = int(modes["safe_violations"])
+        targets += [
+            _target("mode invariant violations while Redis kept its data", safe, "0", safe == 0),
+            _target(
+                "mode invariant violations across a restart of the lock Redis",
+                int(modes["violations_after_restart_total"]),
+                "reported",
+                True,
+                safety=False,
+            ),
+            _target(
+                "mode calls lost by the broker transport (not the lock)",
+                int(modes["lost_in_transport"]),
+                "reported",
+                True,
+                safety=False,
+            ),
+        ]
     examples: dict[str, list[Any]] = {
         "overlaps_data_kept": [vars(item) for item in kept[:5]],
         "overlaps_after_data_loss": [vars(item) for item in lossy[:5]],
@@ -394,6 +418,8 @@ def analyse(
         "holds_continued_by_a_retry": continued[:3],
         "unreported_losses": unreported[:5],
         "paused_holders_not_told": silent[:5],
+        "mode_violations": list(modes["examples"]) if modes else [],
+        "mode_violations_after_restart": list(modes["examples_after_restart"]) if modes else [],
         "bodies": [
             vars(body)
             for body in snapshot.bodies

@@ -4,6 +4,8 @@ The driver (:mod:`benchmarks.soak.run`), every ``celery worker`` and the ``celer
 a soak import this module; the servers come from the environment:
 
 - ``CSL_SOAK_BROKER``: the broker (a private redis-server that no fault touches);
+- ``CSL_SOAK_RESULTS``: the result backend of the modes' tasks (on the broker's server;
+  the soak's own tasks store no result);
 - ``CSL_SOAK_LOCK``: the lock Redis as this process reaches it (a worker: through its own
   fault proxy; the driver and the beat: directly);
 - ``CSL_SOAK_LEDGER``: the ledger (:mod:`benchmarks.soak.ledger`);
@@ -17,6 +19,11 @@ fencing token, writes a heartbeat every step while ``current_lock().lease_lost``
 checks once that the server still has its hold, and commits a read-increment-write. A
 body that finds its lease lost, its write refused by fencing, or its hold missing stops
 and retries the task, so the work is done exactly once by a run that held the lock.
+
+The modes (:mod:`tests.invariants.modes`: coalesce, replace, debounce, throttles, slots,
+lifetimes, ...) are tasks of this app too, ``soak.mode.<mode>``, whose bodies record to
+the ledger's server under ``modes:*`` (:mod:`benchmarks.soak.modes` drives and judges
+them).
 """
 
 from __future__ import annotations
@@ -32,6 +39,8 @@ from celery import Celery, signals
 from benchmarks.soak.ledger import Body, Ledger
 from celery_singleton_lock import LockedTask, LockError, current_lock
 from celery_singleton_lock.signals import lock_lost
+from tests.invariants.modes import register
+from tests.invariants.recording import Recorder
 
 if TYPE_CHECKING:
     from celery import Task
@@ -43,6 +52,7 @@ else:
     AnyTask = Any
 
 BROKER = os.environ.get("CSL_SOAK_BROKER", "redis://127.0.0.1:6379/0")
+RESULTS = os.environ.get("CSL_SOAK_RESULTS") or None
 LOCK = os.environ.get("CSL_SOAK_LOCK", "redis://127.0.0.1:6379/1")
 LEASE = float(os.environ.get("CSL_SOAK_LEASE", "3"))
 WORKER = os.environ.get("CSL_SOAK_WORKER", "driver")
@@ -66,8 +76,10 @@ KEYS: dict[str, tuple[str, ...]] = {
 
 app = Celery("csl_soak", broker=BROKER, set_as_current=True)
 app.conf.update(
-    task_ignore_result=True,
-    result_backend=None,
+    task_ignore_result=True,  # the modes' tasks store theirs (ignore_result=False)
+    result_backend=RESULTS,
+    result_expires=3600,
+    result_backend_transport_options={"retry_policy": {"max_retries": 2, "interval_max": 0.2}},
     task_default_queue="soak",
     # At least once: a message is acknowledged after its run, and a run whose pool process
     # died is handed out again.
@@ -228,6 +240,14 @@ def _skew_clock(**_: Any) -> None:
     time.time = lambda: real_time() + skew
     time.time_ns = lambda: real_time_ns() + round(skew * 1e9)
 
+
+#: The modes' tasks (``soak.mode.<mode>``) and the recorder of their bodies.
+MODES_PREFIX = "soak.mode"
+MODES_RECORDER = Recorder(
+    os.environ.get("CSL_SOAK_LEDGER", "redis://127.0.0.1:6379/2"), "modes", MODES_PREFIX, WORKER
+)
+MODES_RECORDER.connect()
+MODE_TASKS = register(app, MODES_RECORDER.body, prefix=MODES_PREFIX)
 
 signals.after_task_publish.connect(_on_published, weak=False, dispatch_uid="soak.published")
 signals.task_received.connect(_on_received, weak=False, dispatch_uid="soak.received")

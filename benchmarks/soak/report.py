@@ -81,6 +81,14 @@ def headline(report: Mapping[str, Any]) -> str:
          _seconds(figures["recovery_wait_policy"])),
         ("lock Redis commands per task", _number(figures["lock_commands_per_task"])),
     ]  # fmt: skip
+    modes = figures.get("modes")
+    if modes:
+        rows.append((
+            "modes: calls / violations while Redis kept its data / across a restart",
+            f"{_number(modes['calls'])} calls in {len(modes['modes'])} modes / "
+            f"{_number(modes['safe_violations'])} / "
+            f"{_number(modes['violations_after_restart_total'])}",
+        ))  # fmt: skip
     lines = ["| | |", "|---|---|"]
     lines += [f"| {name} | {value} |" for name, value in rows]
     return "\n".join(lines)
@@ -126,6 +134,46 @@ def _fault_log(report: Mapping[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def _modes(figures: Mapping[str, Any]) -> str:
+    """The modes' section: calls, terminal states and violations per mode."""
+    modes = figures.get("modes")
+    if not modes:
+        return ""
+
+    def counts(counter: Mapping[str, int]) -> str:
+        return ", ".join(f"{count} {name}" for name, count in counter.items()) or "—"
+
+    lines = [
+        "## Modes",
+        "",
+        "Every call of every mode (`tests/invariants/modes.py`) must end in exactly one "
+        "terminal, reported state and keep its mode's promises (`tests/invariants/checker.py`,"
+        " docs/soak.md). Violations while the lock Redis kept its data are a safety target; "
+        "across a restart they are reported.",
+        "",
+        "| mode | calls | terminal states | violations | across a restart |",
+        "|---|---|---|---|---|",
+    ]
+    for name, row in modes["modes"].items():
+        lines.append(
+            f"| {name} | {_number(row['calls'])} | {counts(row['terminals'])} | "
+            f"{_number(row['violations'])} | {_number(row['after_restart'])} |"
+        )
+    lines += [
+        "",
+        f"Violations by kind while Redis kept its data: {counts(modes['violations'])}; across "
+        f"a restart: {counts(modes['violations_after_restart'])}; calls lost by the broker "
+        f"transport as a worker was killed (kombu, not the lock): "
+        f"{_number(modes['lost_in_transport'])}.",
+    ]
+    for title, key in (("Violations", "examples"), ("Across a restart",
+                                                    "examples_after_restart")):  # fmt: skip
+        if modes.get(key):
+            lines += ["", f"{title} (first {len(modes[key])}):", ""]
+            lines += [f"- `{line}`" for line in modes[key]]
+    return "\n".join(lines) + "\n\n"
+
+
 def markdown(report: Mapping[str, Any]) -> str:
     """The whole report."""
     figures = report["figures"]
@@ -147,7 +195,7 @@ kombu {env["kombu"]}, redis-py {env["redis_py"]}, {env["redis_server"]} · seed 
 
 {_targets(report["targets"])}
 
-## Faults
+{_modes(figures)}## Faults
 
 {_fault_table(report)}
 

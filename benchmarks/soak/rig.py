@@ -32,7 +32,7 @@ from celery_singleton_lock.testing import (
     RedisServer,
 )
 
-__all__ = ["FAULTS", "Rig", "SoakWorker"]
+__all__ = ["FAULTS", "Rig", "SoakWorker", "results_url"]
 
 ROOT = Path(__file__).resolve().parents[2]
 APP = "benchmarks.soak.app"
@@ -73,6 +73,9 @@ class Rig:
     beat: CeleryBeat | None = None
     lock_commands: int = 0  # counted before each restart of the lock Redis
     _info_calls: int = 0
+    #: Told (pids, monotonic time, fault kind) just before processes are SIGKILLed: the
+    #: modes' ledger records the end of the bodies they ran.
+    on_kill: Callable[[list[int], float, str], None] | None = None
 
     def __post_init__(self) -> None:
         self.ledger = Ledger(self.ledger_server.url)
@@ -83,6 +86,7 @@ class Rig:
         """The environment of a soak process (see :mod:`benchmarks.soak.app`)."""
         return {
             "CSL_SOAK_BROKER": self.broker.url,
+            "CSL_SOAK_RESULTS": results_url(self.broker.url),
             "CSL_SOAK_LOCK": lock_url,
             "CSL_SOAK_LEDGER": self.ledger_server.url,
             "CSL_SOAK_LEASE": repr(self.lease),
@@ -168,6 +172,11 @@ class Rig:
                 rows.append((body_id, key, self.kinds_of_keys.get(key, "?"), pid, worker))
         return rows
 
+    def killing(self, pids: list[int], at: float, kind: str) -> None:
+        """Report processes about to be SIGKILLed (to :attr:`on_kill`)."""
+        if self.on_kill is not None and pids:
+            self.on_kill(pids, at, kind)
+
     def pick_worker(self, rng: random.Random) -> SoakWorker:
         """A running worker, preferring one whose pool processes hold a lock now."""
         running = [w for w in self.workers if w.process is not None and w.process.alive()]
@@ -177,6 +186,11 @@ class Rig:
 
 def _held_of(rig: Rig, worker: SoakWorker) -> list[tuple[str, str, str]]:
     return [(body, key, kind) for body, key, kind, _, _ in rig.held(worker.pids())]
+
+
+def results_url(broker_url: str) -> str:
+    """The result backend of the modes' tasks: database 1 of the broker's server."""
+    return broker_url.rsplit("/", 1)[0] + "/1"
 
 
 # -- the faults ---------------------------------------------------------------------------
@@ -197,9 +211,10 @@ def child_kill(rig: Rig, rng: random.Random) -> Fault:
         pid, name = rng.choice(children), worker.name
     victims = [(body, key, kind) for body, key, kind, owner, _ in held if owner == pid]
     at = time.monotonic()
+    rig.killing([pid], at, "child_kill")
     with contextlib.suppress(ProcessLookupError):
         os.kill(pid, signal.SIGKILL)
-    return Fault("child_kill", at, at, name, f"pool process {pid}", victims)
+    return Fault("child_kill", at, at, name, f"pool process {pid}", victims, [pid])
 
 
 def worker_kill(rig: Rig, rng: random.Random) -> Fault:
@@ -207,11 +222,15 @@ def worker_kill(rig: Rig, rng: random.Random) -> Fault:
     worker = rig.pick_worker(rng)
     victims = _held_of(rig, worker)
     assert worker.process is not None
+    pids = sorted(worker.pids())
     at = time.monotonic()
+    rig.killing(pids, at, "worker_kill")
     worker.process.kill()
     time.sleep(rng.uniform(0.5, 2.0))
     rig.start_worker(worker)
-    return Fault("worker_kill", at, time.monotonic(), worker.name, "killed and restarted", victims)
+    return Fault(
+        "worker_kill", at, time.monotonic(), worker.name, "killed and restarted", victims, pids
+    )
 
 
 def worker_stop(rig: Rig, rng: random.Random) -> Fault:

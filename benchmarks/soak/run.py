@@ -3,11 +3,14 @@
 Three real ``celery worker`` processes (prefork, concurrency 2, ``acks_late``), a real
 ``celery beat`` with a locked periodic job, and private ``redis-server`` processes for the
 locks, the broker and the ledger. For ``--minutes`` a producer keeps a steady stream of
-locked tasks over a few keys (run scope waiting or retrying, queue scope) while faults of
-every kind are injected at random moments, in rounds that each cover every kind in a
-random order. Then the producer and beat stop, the queue drains (bounded), and the ledger
-is judged (:mod:`benchmarks.soak.analysis`). Exit status 1 when a safety target was
-missed, 2 when the soak could not run.
+locked tasks over a few keys (run scope waiting or retrying, queue scope), and a second
+one calls every mode (:mod:`benchmarks.soak.modes`: coalesce, replace, debounce,
+throttles, slots, lifetimes), while faults of every kind are injected at random moments,
+in rounds that each cover every kind in a random order. Then the producers and beat stop,
+the queue drains (bounded), the ledger is judged (:mod:`benchmarks.soak.analysis`) and
+every call of the modes is checked (:mod:`tests.invariants.checker`). Exit status 1 when
+a safety target was missed (the modes' invariants count, except across a restart of the
+lock Redis), 2 when the soak could not run.
 """
 
 from __future__ import annotations
@@ -35,11 +38,15 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
+import redis
+
 from benchmarks.soak.analysis import Fault, analyse
+from benchmarks.soak.modes import ModesProducer, judge, summary
 from benchmarks.soak.report import markdown
-from benchmarks.soak.rig import FAULTS, Rig, SoakWorker
+from benchmarks.soak.rig import FAULTS, Rig, SoakWorker, results_url
 from celery_singleton_lock.exceptions import LockBackendError
 from celery_singleton_lock.testing import FaultProxy, RedisServer, find_redis_server
+from tests.invariants.driver import broker_leftovers
 
 __all__ = ["SoakConfig", "main", "run_soak"]
 
@@ -165,6 +172,7 @@ def run_soak(config: SoakConfig, command: str = "") -> dict[str, Any]:
         proxies = [stack.enter_context(FaultProxy(lock.port)) for _ in range(config.workers)]
         os.environ.update(
             CSL_SOAK_BROKER=broker.url, CSL_SOAK_LOCK=lock.url, CSL_SOAK_LEDGER=ledger_server.url,
+            CSL_SOAK_RESULTS=results_url(broker.url),
             CSL_SOAK_LEASE=repr(config.lease), CSL_SOAK_WORKER="driver",
         )  # fmt: skip
         app = importlib.import_module("benchmarks.soak.app")
@@ -177,8 +185,24 @@ def run_soak(config: SoakConfig, command: str = "") -> dict[str, Any]:
         rig.start()
         ready = time.monotonic()
         producer = Producer(app, rig, rng.randrange(2**32))
+        # Its own seed: the main producer and the faults stay those of --seed.
+        modes = ModesProducer(
+            app.app,
+            app.MODE_TASKS,
+            app.MODES_RECORDER,
+            random.Random(config.seed + 1).randrange(2**32),
+        )
+
+        def on_kill(pids: list[int], at: float, kind: str) -> None:
+            app.MODES_RECORDER.kill(pids, at, kind)
+            modes.driver.killed.update(pids)
+
+        rig.on_kill = on_kill
         producer.start()
+        modes.start()
         stack.callback(producer.halt.set)
+        stack.callback(modes.driver.close)
+        stack.callback(modes.halt.set)
         end = ready + config.minutes * 60
         kinds = _fault_rounds(config.kinds, rng)
         next_at = ready + WARM_UP
@@ -193,7 +217,9 @@ def run_soak(config: SoakConfig, command: str = "") -> dict[str, Any]:
             next_at = time.monotonic() + rng.uniform(*config.gap)
         time.sleep(max(0.0, end - time.monotonic()))
         producer.halt.set()
+        modes.halt.set()
         producer.join(30)
+        modes.stop()
         rig.stop_beat()
         fault_end = time.monotonic()
         _say(f"soak: producer and beat stopped; draining (at most {DRAIN_TIMEOUT:g} s)")
@@ -203,16 +229,31 @@ def run_soak(config: SoakConfig, command: str = "") -> dict[str, Any]:
         settled = fault_end + app.VISIBILITY_TIMEOUT + TRANSPORT_SETTLE
         while time.monotonic() < drain_deadline:
             pending, unreceived = rig.ledger.unreceived_in_flight()
-            if pending == 0 or (pending == unreceived and time.monotonic() > settled):
+            waiting, never = modes.unreceived_waiting()
+            settled_now = time.monotonic() > settled
+            if (pending == 0 or (pending == unreceived and settled_now)) and (
+                waiting == 0 or (waiting == never and settled_now)
+            ):
                 break
             time.sleep(0.5)
         drained = time.monotonic()
         lock_commands = rig.count_lock_commands()
         snapshot = rig.ledger.snapshot()
+        modes.close()
+        with redis.Redis(port=broker.port, socket_timeout=10) as client:
+            left = broker_leftovers(client, app.app.conf.task_default_queue)
+        verdict = judge(
+            modes, faults, workers=[worker.name for worker in workers], lease=config.lease,
+            visibility_timeout=app.VISIBILITY_TIMEOUT, ended=time.monotonic(), broker_left=left,
+            save=run_dir / "modes-observation.json",
+        )  # fmt: skip
         rig.stop()
     own, children = os.times(), os.times()
     cpu = own.user + own.system + children.children_user + children.children_system
-    results = analyse(snapshot, faults, lease=config.lease, lock_commands=lock_commands)
+    results = analyse(
+        snapshot, faults, lease=config.lease, lock_commands=lock_commands,
+        modes=summary(verdict),
+    )  # fmt: skip
     report: dict[str, Any] = {
         "command": command,
         "started": started_wall.isoformat(),
@@ -251,6 +292,7 @@ def run_soak(config: SoakConfig, command: str = "") -> dict[str, Any]:
         ],
         "examples": results.examples,
         "producer": asdict(producer.stats),
+        "modes_producer": {"calls": len(modes.driver.calls)},
         "timings": {
             "start_s": round(ready - began, 1),
             "faults_s": round(fault_end - ready, 1),

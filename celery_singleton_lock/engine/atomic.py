@@ -123,11 +123,13 @@ class Followed(NamedTuple):
     (now) the follow-up ``task_id`` of the holder; ``"adopt"`` the lock is free but a
     follow-up ``task_id`` was left behind: take the lock for it and publish under it;
     ``"superseded"`` the queued holder ``task_id`` was superseded: the lock is the call's
-    now; ``"revoke"`` likewise for a running holder, which is to be revoked.
+    now; ``"revoke"``: the call is (now) the follow-up ``task_id`` of the running
+    ``holder``, which is to be revoked.
     """
 
     outcome: str
     task_id: str | None
+    holder: str | None = None
 
 
 def _pending_args(pending: Pending) -> tuple[bytes | int | str, ...]:
@@ -143,8 +145,12 @@ def _pending_args(pending: Pending) -> tuple[bytes | int | str, ...]:
     )
 
 
-def _followed(reply: Any, outcomes: dict[int, str]) -> Followed:
-    return Followed(outcomes[int(reply[0])], _text(reply[1]) if len(reply) > 1 else None)
+def _followed(reply: Any, outcomes: dict[int, str], *, holder: bool = False) -> Followed:
+    return Followed(
+        outcomes[int(reply[0])],
+        _text(reply[1]) if len(reply) > 1 else None,
+        _text(reply[2]) if holder and len(reply) > 2 else None,
+    )
 
 
 def follow(client: LockClient, key: str, pending: Pending) -> Followed:
@@ -157,9 +163,10 @@ def follow(client: LockClient, key: str, pending: Pending) -> Followed:
 def replace(
     client: LockClient, key: str, pending: Pending, *, running: bool, lease_ms: int
 ) -> Followed:
-    """Replace: a queued holder of lock ``key`` (a running one too when ``running``) is
-    superseded by ``pending``, whose queue lock takes the key at once for ``lease_ms`` (a
-    new fencing token); a running holder otherwise gets ``pending`` as its follow-up."""
+    """Replace: a queued holder of lock ``key`` is superseded by ``pending``, whose queue
+    lock takes the key at once for ``lease_ms`` (a new fencing token); a running holder
+    gets ``pending`` as its follow-up (outcome ``"revoke"`` when ``running`` asks for the
+    holder, named in ``holder``, to be revoked; the key is not taken from it)."""
     reply = call(
         key,
         _REPLACE,
@@ -171,7 +178,7 @@ def replace(
         b"1" if running else b"0",
         lease_ms,
     )
-    return _followed(reply, _REPLACE_OUTCOMES)
+    return _followed(reply, _REPLACE_OUTCOMES, holder=True)
 
 
 class Handed(NamedTuple):

@@ -15,10 +15,12 @@ __all__ = [
     "DONE",
     "FENCE",
     "GRANT",
+    "OWNERS",
     "PENDING",
     "QUEUE",
     "SIGNAL",
     "SLOT",
+    "SLOTS",
     "STARTS",
     "SUFFIXES",
     "SUPERSEDED",
@@ -39,6 +41,12 @@ WAITER = "waiter:"
 GRANT = "grant:"
 #: ``slot:<i>``: slot ``i`` >= 2 of a lock with several slots (slot 1 is the lock key).
 SLOT = "slot:"
+#: The slot index of a lock with several slots: a sorted set of slot numbers, each scored
+#: by the end of the lease it is believed held for (a free slot: its own number).
+SLOTS = "slots"
+#: Beside the slot index, a hash: owner token -> its slot, and per slot and per group who
+#: holds it (``scripts/lib/slots.lua``).
+OWNERS = "owners"
 #: The highest fencing token issued across a lock's slots.
 FENCE = "fence"
 #: The marker written before ``WAIT`` for replicas.
@@ -63,6 +71,8 @@ SUFFIXES = {
     "WAITER": WAITER,
     "GRANT": GRANT,
     "SLOT": SLOT,
+    "SLOTS": SLOTS,
+    "OWNERS": OWNERS,
     "FENCE": FENCE,
     "SYNC": SYNC,
     "DONE": DONE,

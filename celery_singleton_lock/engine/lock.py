@@ -36,9 +36,16 @@ from typing import Any, ClassVar, cast
 import redis
 from redis.cluster import RedisCluster
 
-from celery_singleton_lock.engine.constants import MAX_DURATION
+from celery_singleton_lock.engine.constants import MAX_DURATION, MAX_LIMIT
 from celery_singleton_lock.engine.holds import Hold
-from celery_singleton_lock.engine.keyspace import SIGNAL, SLOT, SYNC, companion_key
+from celery_singleton_lock.engine.keyspace import (
+    OWNERS,
+    SIGNAL,
+    SLOT,
+    SLOTS,
+    SYNC,
+    companion_key,
+)
 from celery_singleton_lock.engine.plain import PlainProtocol
 from celery_singleton_lock.engine.protocol import Grant, Protocol
 from celery_singleton_lock.engine.renewal import Renewing
@@ -71,6 +78,23 @@ _SOCKET_SHARE = 0.8
 _AT_MOST = f"at most {MAX_DURATION} (365 days)"
 
 
+#: Every live lock of this process: a forked child resets them (see ``_reset_in_child``).
+_instances: weakref.WeakSet[RedisLock] = weakref.WeakSet()
+
+
+def _reset_in_child() -> None:
+    """In a child just forked: every lock starts afresh. A thread of the parent may have been
+    inside a lock's method at the fork, holding its mutex or reservation; that thread does
+    not exist here, so those locks would never be released and the child's first use of
+    the instance would hang. The child holds nothing its parent held anyway."""
+    for lock in list(_instances):
+        lock._mutex = threading.Lock()
+        lock._start_process()
+
+
+os.register_at_fork(after_in_child=_reset_in_child)
+
+
 def _lease_ms(value: object, what: str) -> int:
     """Validate a lease in seconds (positive, finite, at most ``MAX_DURATION``: beyond it the
     expiry a lock value stores would leave the value grammar) and return it in milliseconds."""
@@ -83,6 +107,16 @@ def _lease_ms(value: object, what: str) -> int:
     if not math.isfinite(seconds) or seconds <= 0 or seconds > MAX_DURATION:
         raise ValueError(f"{what} must be a positive number of seconds, {_AT_MOST}, got {value!r}")
     return max(1, round(seconds * 1000))
+
+
+def _slot_number(member: bytes | str) -> int | None:
+    """A slot number as the slot index or its owners' hash store it, or None for anything
+    else."""
+    text = member.decode("ascii", "replace") if isinstance(member, bytes) else member
+    if not text.isascii() or not text.isdigit() or text.startswith("0"):
+        return None
+    number = int(text)
+    return number if number <= MAX_LIMIT else None
 
 
 class RedisLock(Renewing):
@@ -110,7 +144,8 @@ class RedisLock(Renewing):
     operators.
 
     ``limit`` > 1 makes it a lock with that many slots (up to ``limit`` holders at once,
-    each leased, owner-checked and fenced like a single hold; scripted mode only); a
+    each leased, owner-checked and fenced like a single hold; scripted mode only; at most
+    ``MAX_LIMIT``, 100,000: an acquire costs the same whatever the limit); a
     ``group`` (a token prefix) then never holds two slots at once, e.g. the deliveries of
     one task.
 
@@ -150,6 +185,8 @@ class RedisLock(Renewing):
             raise ValueError(f"lock name must be a non-empty string, got {name!r}")
         if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
             raise ValueError(f"limit must be an int >= 1, got {limit!r}")
+        if limit > MAX_LIMIT:
+            raise ValueError(f"limit must be at most {MAX_LIMIT} (slots), got {limit!r}")
         if limit > 1 and not scripting:
             raise ValueError("limit > 1 needs scripting=True (slots are taken by a script)")
         if group is not None and (not group or ":" in group):
@@ -177,6 +214,7 @@ class RedisLock(Renewing):
         self._fixed_token = token
         self._given_info = holder_info
         self._mutex = threading.Lock()  # guards _holds (the renewer thread reads holds too)
+        _instances.add(self)
         self._start_process()
 
     def _start_process(self) -> None:
@@ -231,7 +269,10 @@ class RedisLock(Renewing):
             hold = self._holds.get(me)
             if hold is None and len(self._holds) == 1:
                 hold = next(iter(self._holds.values()))
-                if hold in self._contended.get(me, ()):
+                if hold in self._contended.get(me, ()) and hold.thread.is_alive():
+                    # A contender never speaks for a live holder; once the holding thread
+                    # is gone, someone must be able to release what it left (else auto_renew
+                    # would keep it for the life of the process).
                     return None
             return hold
 
@@ -456,33 +497,76 @@ class RedisLock(Renewing):
         return max(holders, key=lambda holder: holder.fence or 0) if holders else None
 
     def holders(self) -> list[Holder]:
-        """Everyone holding the lock now, one per slot held (at most ``limit``)."""
+        """Everyone holding the lock now, one per slot held (at most ``limit``).
+
+        With slots, the slot index names the slots held (slot 1, the lock key, is always
+        looked at too) and each is judged by its value: three round trips, whose cost grows
+        with the holders, not with ``limit``."""
         if self.limit == 1:
             holder = self.holder()
             return [holder] if holder is not None else []
+        now_ms, values = self._held_slots()
         found = []
-        for key in self.slot_keys():
-            now_ms, value, ttl = self._inspect(key)
+        for _, value, ttl in values:
             holder = value.holder(now_ms, ttl) if value is not None else None
             if holder is not None:
                 found.append(holder)
         return found
 
+    def slot_key(self, number: int) -> str:
+        """The key of slot ``number`` (1 .. ``limit``): the lock key, or ``<base>slot:<i>``."""
+        return self.name if number == 1 else companion_key(self.name, f"{SLOT}{number}")
+
     def slot_keys(self) -> list[str]:
-        """The keys of this lock's slots: the lock key, then ``<base>slot:<i>``."""
-        return [self.name] + [
-            companion_key(self.name, f"{SLOT}{i}") for i in range(2, self.limit + 1)
-        ]
+        """The keys of this lock's slots: the lock key, then ``<base>slot:<i>`` (names only:
+        ``limit`` of them; nothing is read)."""
+        return [self.slot_key(i) for i in range(1, self.limit + 1)]
+
+    def _held_slots(self) -> tuple[int, list[tuple[str, LockValue | None, int]]]:
+        """Server now (ms), and the key, parsed value and PTTL of slot 1 and of every slot
+        the slot index says is held at that moment (``engine/scripts/lib/slots.lua``)."""
+        now_ms = self.protocol.server_time()[0]
+        members = call(
+            self.name,
+            self.client.zrangebyscore,
+            companion_key(self.name, SLOTS),
+            f"({now_ms}",
+            "+inf",
+        )
+        numbers = {1}
+        for member in cast("list[bytes | str]", members):
+            number = _slot_number(member)
+            if number is not None and number <= self.limit:
+                numbers.add(number)
+        keys = [self.slot_key(number) for number in sorted(numbers)]
+        pipe = cast("Any", self.client).pipeline(transaction=False)  # untyped on a cluster
+        for key in keys:
+            pipe.get(key)
+            pipe.pttl(key)
+        replies = call(self.name, pipe.execute)
+        values = []
+        for index, key in enumerate(keys):
+            raw, ttl = replies[2 * index], replies[2 * index + 1]
+            values.append((key, parse_value(raw) if raw is not None else None, int(ttl)))
+        return now_ms, values
 
     def _slot_of(self, token: str) -> str | None:
-        """The slot held under ``token`` (a fixed-token instance acting for an owner)."""
+        """The slot held under ``token`` (a fixed-token instance acting for an owner): the
+        one the slot index's owners name, checked against its value; else (an index lost
+        or wrong) the one among the slots held whose value has that token."""
         if self.limit == 1:
             return None
-        for key in self.slot_keys():
-            raw = call(self.name, self.client.get, key)
-            if raw is not None and parse_value(raw).token == token:
+        raw = call(self.name, self.client.hget, companion_key(self.name, OWNERS), token)
+        number = _slot_number(raw) if raw is not None else None
+        if number is not None:
+            key = self.slot_key(number)
+            value = call(self.name, self.client.get, key)
+            if value is not None and parse_value(value).token == token:
                 return key
-        return None
+        _, values = self._held_slots()
+        return next(
+            (key for key, value, _ in values if value is not None and value.token == token), None
+        )
 
     def detach(self) -> None:
         """Stop renewing and forget the hold locally, without releasing it: the lock stays

@@ -23,7 +23,7 @@ from typing import Any
 
 import redis
 
-from celery_singleton_lock.engine.constants import WAITER_SLACK_MS
+from celery_singleton_lock.engine.constants import FOREIGN_VALUE, WAITER_SLACK_MS
 from celery_singleton_lock.engine.protocol import SIGNAL_TTL_MS, Attempt, Protocol, grace_ms
 from celery_singleton_lock.engine.value import MAX_EXACT, LockValue, format_value, parse_value
 from celery_singleton_lock.engine.wire import at_maxmemory, backend_error, call
@@ -121,10 +121,7 @@ class PlainProtocol(Protocol):
                                 wait_ms=min(left, poll_ms),
                             )
                         return Attempt(False, left)
-                    if refused is not None:
-                        raise refused  # free or expired, but the server refuses our write
-                    if (current.fence or 0) >= MAX_EXACT:
-                        raise LockError("its fencing token is at its limit (2^53 - 1)", self.name)
+                    self._may_take_over(current, refused)
                     fence = max(now_us, (current.fence or 0) + 1)
                     if current.token in ours and current.fence:
                         fence = current.fence  # our own hold, or the one we claim: keep it
@@ -143,6 +140,17 @@ class PlainProtocol(Protocol):
             self._leave(token, mode)
             return Attempt(True, fence)
         return Attempt(False, BUSY_RETRY_MS)
+
+    def _may_take_over(self, current: LockValue, refused: LockBackendError | None) -> None:
+        """Raise when a value that is not held must still not be taken over: a foreign one
+        (never overwritten silently), one whose fencing token is at its limit, or any when
+        the server refuses our write (at maxmemory)."""
+        if current.expiry_ms is None:
+            raise LockBackendError(FOREIGN_VALUE + self.name, self.name)
+        if refused is not None:
+            raise refused  # free or expired, but the server refuses our write
+        if (current.fence or 0) >= MAX_EXACT:
+            raise LockError("its fencing token is at its limit (2^53 - 1)", self.name)
 
     def _queue(
         self,

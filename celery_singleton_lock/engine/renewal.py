@@ -188,6 +188,17 @@ class _Renewer:
 renewer = _Renewer()
 
 
+def _reset_renewer_in_child() -> None:
+    """A forked child runs none of its parent's lanes, and a parent thread may have held the
+    renewer's mutex at the fork: start afresh."""
+    renewer._mutex = threading.Lock()
+    renewer._lanes = {}
+    renewer._pid = os.getpid()
+
+
+os.register_at_fork(after_in_child=_reset_renewer_in_child)
+
+
 class Renewing:
     """The renewal half of ``RedisLock``, which inherits it: the lane a lock is renewed in,
     one renewal of a hold, a batch of due renewals, and what a renewal's reply means. The

@@ -92,7 +92,10 @@ class ScriptedProtocol(Protocol):
         )
 
     def extend(self, token: str, lease_ms: int, key: str | None = None) -> int:
-        return int(call(self.name, _EXTEND, self.client, 1, key or self._name_b, token, lease_ms))
+        target = key or self._name_b
+        if self.limit > 1:  # the slot index follows the slot's lease (EXTEND's ARGV[3])
+            return int(call(self.name, _EXTEND, self.client, 1, target, token, lease_ms, b"s"))
+        return int(call(self.name, _EXTEND, self.client, 1, target, token, lease_ms))
 
 
 def extend_all(
@@ -100,12 +103,16 @@ def extend_all(
 ) -> list[int | LockBackendError]:
     """Extend several leases on one server in one pipelined round trip. ``calls`` holds
     ``(lock name, key, owner token, lease ms)`` each; the answer holds, per call, EXTEND's
-    reply (the new expiry, 0 when not owned) or the ``LockBackendError`` about it."""
+    reply (the new expiry, 0 when not owned) or the ``LockBackendError`` about it.
+
+    A key other than its lock's name is a slot; the lock key may be slot 1 of a lock with
+    slots: EXTEND is asked to keep the slot index in step for every call (ARGV[3]), which
+    writes nothing for a lock that has none."""
 
     def send() -> list[Any]:
         pipe = cast("Any", client.pipeline(transaction=False))  # execute_command is untyped
         for _, key, token, lease_ms in calls:
-            pipe.execute_command("EVALSHA", _EXTEND.sha, 1, key, token, lease_ms)
+            pipe.execute_command("EVALSHA", _EXTEND.sha, 1, key, token, lease_ms, b"s")
         replies: list[Any] = pipe.execute(raise_on_error=False)
         return replies
 

@@ -11,6 +11,7 @@ rows in :mod:`celery_singleton_lock.options` and its docs.
 from __future__ import annotations
 
 import functools
+import inspect
 from collections.abc import Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
@@ -37,6 +38,7 @@ __all__ = [
     "Scope",
     "check_combinations",
     "plan_for",
+    "policies_markdown",
 ]
 
 #: ``lock_on_conflict`` values and the policy each one names.
@@ -85,3 +87,17 @@ def check_combinations(options: LockOptions, where: str, settings: Settings | No
     broken = [rule.message for rule in COMBINATIONS if rule.invalid(options, settings)]
     if broken:
         raise ImproperlyConfigured(f"{where}: " + "; ".join(broken))
+
+
+def policies_markdown() -> str:
+    """The reference table of the conflict policies for the docs, generated from
+    :data:`POLICIES`: each ``lock_on_conflict`` value and its class's docstring."""
+    lines = [
+        "| `lock_on_conflict` | a run or call that finds its key held |",
+        "|---|---|",
+    ]
+    for name, policy in POLICIES.items():
+        doc = " ".join(inspect.cleandoc(type(policy).__doc__ or "").split())
+        doc = doc.replace("``", "`").replace("|", "\\|")
+        lines.append(f'| `"{name}"` | {doc} |')
+    return "\n".join(lines) + "\n"

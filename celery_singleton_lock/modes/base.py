@@ -81,11 +81,6 @@ class Run(Release, Protocol):
     def retries(self) -> int: ...
     @property
     def eager(self) -> bool: ...
-    @property
-    def redelivered(self) -> bool:
-        """Whether this delivery may repeat one that already ran (a broker redelivery, or a
-        message republished because an earlier delivery of it held the key)."""
-
     def header(self, name: str) -> Any:
         """A header of the delivered message (None when absent)."""
 

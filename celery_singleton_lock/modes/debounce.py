@@ -24,7 +24,8 @@ from celery.utils import uuid
 from celery_singleton_lock import _observe as observe
 from celery_singleton_lock.engine import atomic
 from celery_singleton_lock.modes.base import Mode
-from celery_singleton_lock.options import Combination
+from celery_singleton_lock.modes.policies import refuse_in_canvas
+from celery_singleton_lock.options import Combination, no_scripts
 
 if TYPE_CHECKING:
     from celery_singleton_lock.modes.base import AnyResult, Publish, Run
@@ -57,6 +58,11 @@ class Debounce(Mode):
             ),
             "lock_debounce_max_wait must be at least lock_debounce",
         ),
+        Combination(
+            lambda o, s: o.debounce is not None and no_scripts(s),
+            "lock_debounce needs Lua scripts (a burst is decided by scripts), which "
+            "singleton_lock_scripting=False turns off",
+        ),
     )
 
     @classmethod
@@ -75,6 +81,7 @@ class Debounce(Mode):
         if publish_options.get("retries"):
             return None
         key = call.key()
+        refuse_in_canvas(call, key, None, "only the last call of its debounce burst runs")
         task_id = publish_options.pop("task_id", None) or uuid()
         for timing in ("countdown", "eta"):
             publish_options.pop(timing, None)

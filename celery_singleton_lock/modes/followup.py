@@ -32,8 +32,8 @@ from celery_singleton_lock import _observe as observe
 from celery_singleton_lock.engine import atomic
 from celery_singleton_lock.exceptions import LockBackendError, TaskLocked
 from celery_singleton_lock.modes.base import ConflictPolicy
-from celery_singleton_lock.modes.policies import UNCOUNTED_RETRY, tell
-from celery_singleton_lock.options import Combination
+from celery_singleton_lock.modes.policies import UNCOUNTED_RETRY, refuse_in_canvas, tell
+from celery_singleton_lock.options import Combination, no_scripts
 
 if TYPE_CHECKING:
     from celery_singleton_lock.engine import Holder, RedisLock
@@ -109,6 +109,11 @@ class Coalesce(ConflictPolicy):
             "takes the key when its holder's run ends)",
         ),
         Combination(
+            lambda o, s: o.on_conflict in ("coalesce", "replace") and no_scripts(s),
+            "lock_on_conflict='coalesce' or 'replace' needs Lua scripts (the follow-up is kept "
+            "and handed over by scripts), which singleton_lock_scripting=False turns off",
+        ),
+        Combination(
             lambda o, _: o.debounce is not None and o.on_conflict in ("coalesce", "replace"),
             "lock_debounce cannot be combined with lock_on_conflict='coalesce' or 'replace' (a "
             "burst already keeps one call)",
@@ -161,9 +166,12 @@ class Coalesce(ConflictPolicy):
 
     def publish_conflict(self, call: Publish, lock: RedisLock) -> AnyResult:
         key = lock.name
+        refuse_in_canvas(call, key, None, f"its key is held ({self.name} would not publish it)")
         for _ in range(FOLLOW_TRIES):
             found = self._follow(call, key)
-            if found.outcome == "follow":
+            if found.outcome == "revoke":
+                self._revoke_running(call, key, str(found.holder), str(found.task_id))
+            if found.outcome in ("follow", "revoke"):
                 observe.conflict(call.task, key, None, policy=self.name, scope="queue")
                 observe.coalesced(call.task, key, str(found.task_id), scope="queue")
                 log.info(
@@ -174,8 +182,8 @@ class Coalesce(ConflictPolicy):
                     key,
                 )
                 return call.result(str(found.task_id))
-            if found.outcome in ("superseded", "revoke"):
-                return self._superseded(call, key, str(found.task_id), found.outcome)
+            if found.outcome == "superseded":
+                return self._superseded(call, key, str(found.task_id))
             chosen = str(found.task_id) if found.outcome == "adopt" else call.task_id
             queued = call.queue_lock(chosen)
             if queued.acquire(blocking=False):
@@ -185,8 +193,11 @@ class Coalesce(ConflictPolicy):
     def _follow(self, call: Publish, key: str) -> atomic.Followed:
         return atomic.follow(call.client, key, _pending(call, call.task_id))
 
-    def _superseded(self, call: Publish, key: str, old: str, outcome: str) -> AnyResult:
+    def _superseded(self, call: Publish, key: str, old: str) -> AnyResult:
         raise AssertionError("coalesce never supersedes")  # pragma: no cover
+
+    def _revoke_running(self, call: Publish, key: str, old: str, follow_up: str) -> None:
+        raise AssertionError("coalesce never revokes")  # pragma: no cover
 
 
 class Replace(Coalesce):
@@ -232,17 +243,31 @@ class Replace(Coalesce):
             lease_ms=lease_ms,
         )
 
-    def _superseded(self, call: Publish, key: str, old: str, outcome: str) -> AnyResult:
+    def _superseded(self, call: Publish, key: str, old: str) -> AnyResult:
+        """A queued holder was superseded: the script took the key for this call."""
         task, task_id = call.task, call.task_id
-        running = outcome == "revoke"
-        if running:
-            task.app.control.revoke(old, terminate=True)
         try:
             task.backend.mark_as_revoked(old, reason=f"superseded by {task_id}")
         except Exception:  # a disabled or unreachable result backend: the log says it
             log.warning("could not store REVOKED for superseded task %s", old, exc_info=True)
         observe.conflict(task, key, None, policy="replace", scope="queue", holder_task_id=old)
-        observe.superseded(task, key, old, by=task_id, running=running)
+        observe.superseded(task, key, old, by=task_id, running=False)
         log.info("%s[%s] supersedes %s (%s)", task.name, task_id, old, key)
-        # The script took the key for this call already.
         return call.send_locked(call.queue_lock(task_id), task_id)
+
+    def _revoke_running(self, call: Publish, key: str, old: str, follow_up: str) -> None:
+        """``lock_replace_running``: the running holder is revoked (terminate) and the call
+        became its follow-up, which gets the key once that run has really stopped (its
+        worker's parent frees it when the process is gone), so the two never overlap."""
+        task = call.task
+        task.app.control.revoke(old, terminate=True)
+        observe.superseded(task, key, old, by=follow_up, running=True)
+        log.info(
+            "%s[%s] revokes the running %s (%s); it runs as the follow-up %s once that "
+            "run has stopped",
+            task.name,
+            call.task_id,
+            old,
+            key,
+            follow_up,
+        )

@@ -63,7 +63,8 @@ class ReleaseAtStart(Mode):
 
 def _held_info(holder_info: str) -> str:
     """The holder info of a success hold: the run's, marked ``"held": "success"`` and
-    without its pid (no process runs it any more, so nobody frees it for a lost process)."""
+    without its pid and process (no process runs it any more, so nobody frees it for a
+    lost process)."""
     try:
         info = json.loads(holder_info)
     except ValueError:
@@ -71,6 +72,7 @@ def _held_info(holder_info: str) -> str:
     if not isinstance(info, dict):
         return holder_info
     info.pop("pid", None)
+    info.pop("proc", None)
     info["held"] = "success"
     return json.dumps(info, sort_keys=True, separators=(",", ":"))
 

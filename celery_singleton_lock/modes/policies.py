@@ -23,7 +23,17 @@ if TYPE_CHECKING:
     from celery_singleton_lock.modes.base import AnyResult, Publish, Run
     from celery_singleton_lock.options import LockOptions
 
-__all__ = ["Raise", "Retry", "Skip", "Wait", "countdown", "jitter", "publish_conflict"]
+__all__ = [
+    "CANVAS_OPTIONS",
+    "Raise",
+    "Retry",
+    "Skip",
+    "Wait",
+    "countdown",
+    "jitter",
+    "publish_conflict",
+    "refuse_in_canvas",
+]
 
 log = logging.getLogger("celery_singleton_lock.task")
 
@@ -52,6 +62,19 @@ def countdown(options: LockOptions, holder: Holder | None, retries: int) -> floa
     return jitter(max(MIN_COUNTDOWN, min(backoff, left, options.timeout)))
 
 
+def describe_holder(holder: Holder | None) -> str:
+    """Who holds a key, for a log line: the holder's task and task id, its host and pid."""
+    if holder is None:
+        return "nobody now (it was just freed)"
+    info = holder.info
+    where = "/".join(str(info[name]) for name in ("host", "pid") if info.get(name) is not None)
+    if holder.task_id:
+        return f"{info.get('task') or 'task'}[{holder.task_id}]" + (f" on {where}" if where else "")
+    if holder.classic:
+        return "a classic SETNX locker (a plain timestamp)"
+    return f"a lock that is not a task's ({where or info.get('text') or 'no holder info'})"
+
+
 def tell(run: Run, policy: str, holder: Holder | None) -> None:
     """Send ``lock_conflict`` for a run that applies ``policy``."""
     observe.conflict(
@@ -62,6 +85,28 @@ def tell(run: Run, policy: str, holder: Holder | None) -> None:
         scope=run.options.scope,
         holder_task_id=holder.task_id if holder else None,
     )
+
+
+#: ``apply_async`` options that tie a call to a canvas waiting for it: its chain's next
+#: tasks, callbacks, a chord's body, a group (whose result holds the id the canvas gave the
+#: call, not the holder's). A call that publishes nothing of its own would leave them
+#: waiting for ever.
+CANVAS_OPTIONS = ("chain", "link", "link_error", "chord", "group_id")
+
+
+def refuse_in_canvas(call: Publish, key: str, holder_id: str | None, what: str) -> None:
+    """Raise ``TaskLocked`` when ``call`` carries canvas links (see :data:`CANVAS_OPTIONS`)
+    but will not be published as itself (``what`` says why): the canvas learns it at once,
+    instead of waiting for a message that never comes."""
+    links = [name for name in CANVAS_OPTIONS if call.publish_options.get(name)]
+    if links:
+        raise TaskLocked(
+            key,
+            holder_id,
+            f"{call.task.name}: this call is part of a canvas ({', '.join(links)}) and {what}; "
+            "nothing would run its canvas on. Give each canvas member lock keys of its own, "
+            "or lock it in run scope",
+        )
 
 
 def _holder_or_take(lock: RedisLock, attempts: int = 3) -> tuple[bool, Holder | None]:
@@ -86,6 +131,7 @@ def publish_conflict(call: Publish, lock: RedisLock, *, raises: bool) -> AnyResu
         return call.send_locked(lock, call.task_id)
     holder_id = holder.task_id if holder else None
     task, key = call.task, lock.name
+    refuse_in_canvas(call, key, holder_id, f"would be a duplicate of {holder_id}")
     if raises or holder_id is None:
         observe.conflict(task, key, None, policy="raise", scope="queue", holder_task_id=holder_id)
         raise TaskLocked(key, holder_id)
@@ -206,8 +252,7 @@ def _log_wait(run: Run) -> None:
     worker that waits minutes does not look hung."""
     if not log.isEnabledFor(logging.INFO):
         return
-    holder = run.lock.holder()
-    held_by = f"task {holder.task_id}" if holder and holder.task_id else "another holder"
+    held_by = describe_holder(run.lock.holder())
     limit = run.options.wait
     log.info(
         "%s[%s] waiting for lock %s held by %s (%s)",

@@ -73,10 +73,11 @@ class QueueScope(Scope):
         return run_key
 
     def admit(self, run: Run) -> bool:
-        """A redelivered copy of a message whose first delivery finished does not run, and
-        completes nothing either (``Ignore``: the first delivery's result stays, and a
-        chain or chord it belongs to does not go on a second time)."""
-        if run.redelivered and finished(run.lock, run.task_id):
+        """A copy of a message whose first delivery finished does not run, and completes
+        nothing either (``Ignore``: the first delivery's result stays, and a chain or chord
+        it belongs to does not go on a second time). Asked of every delivery, not only of
+        those the broker marks as redelivered: a message can be published twice."""
+        if finished(run.lock, run.task_id):
             run.lock.release()
             log.info(
                 "%s[%s] not run again: an earlier delivery of it finished",

@@ -20,7 +20,7 @@ from celery._state import get_current_app
 from celery_singleton_lock._observe import skip_record_key
 from celery_singleton_lock.client import redis_for
 from celery_singleton_lock.config import settings_for
-from celery_singleton_lock.engine.keyspace import companion_key
+from celery_singleton_lock.engine.keyspace import SLOT, SLOTS, companion_key, split_key
 from celery_singleton_lock.engine.protocol import SIGNAL_TTL_MS
 from celery_singleton_lock.engine.value import Holder, LockValue, parse_value
 from celery_singleton_lock.engine.wire import LockClient, server_time
@@ -248,6 +248,23 @@ def signal_key_of(key: str) -> str | None:
         return None
 
 
+def _slot_index_of(key: str) -> tuple[str, int] | None:
+    """(the slot index of the lock, the slot number) of a deleted lock key or slot key."""
+    lock, suffix = split_key(key)
+    number = 1
+    if suffix.startswith(SLOT):
+        digits = suffix[len(SLOT) :]
+        if not digits.isdigit():
+            return None
+        number = int(digits)
+    elif suffix:
+        return None
+    try:
+        return companion_key(lock, SLOTS), number
+    except ValueError:
+        return None
+
+
 def delete_locks(client: LockClient, keys: Sequence[str]) -> int:
     """Delete the given lock keys; returns how many locks went.
 
@@ -269,6 +286,10 @@ def delete_locks(client: LockClient, keys: Sequence[str]) -> int:
             if gone and signal is not None:
                 pipe.rpush(signal, "1")
                 pipe.pexpire(signal, SIGNAL_TTL_MS)
+            index = _slot_index_of(key)
+            if gone and index is not None:
+                # a lock with slots: its index beside the lock says the slot is free again
+                pipe.zadd(index[0], {str(index[1]): index[1]}, xx=True)
         pipe.execute()
     return cleared
 

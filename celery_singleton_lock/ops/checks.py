@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any, cast
 import redis
 from redis.cluster import RedisCluster
 
+from celery_singleton_lock._observe import skip_record_key
 from celery_singleton_lock.client import mask_url, redis_for
 from celery_singleton_lock.config import settings_for
 from celery_singleton_lock.engine import scripts
@@ -221,8 +222,10 @@ PLAIN_COMMANDS = frozenset(
         "WAIT",
     }
 )
-#: What only the admin tools send (``celery locks list`` / ``clear``); tasks do not need it.
-ADMIN_COMMANDS = ("SCAN", "TYPE")
+#: What the admin tools send (``celery locks list`` reads each key's waiters and pending
+#: follow-up; ``clear`` marks a cleared slot free in its index); tasks of the plain-command
+#: mode do not need it.
+ADMIN_COMMANDS = ("SCAN", "TYPE", "ZRANGE", "HGET", "MGET", "ZADD")
 
 
 def needed_commands(scripting: bool) -> frozenset[str]:
@@ -299,6 +302,7 @@ def _probe_table(client: LockClient, key: str) -> dict[str, Probe]:
         "ZADD": lambda: client.zadd(queue, {"probe": 1}, nx=True),
         "ZCARD": lambda: client.zcard(queue),
         "ZRANGE": lambda: client.zrange(queue, 0, 0, withscores=True),
+        "ZRANGEBYSCORE": lambda: client.zrangebyscore(k["SLOTS"], "-inf", 3, start=0, num=1),
         "ZPOPMIN": lambda: client.zpopmin(queue),
         "ZREM": lambda: client.zrem(queue, "probe"),
         "ZREMRANGEBYSCORE": lambda: client.zremrangebyscore(k["STARTS"], "-inf", 0),
@@ -307,6 +311,7 @@ def _probe_table(client: LockClient, key: str) -> dict[str, Probe]:
         "HEXISTS": lambda: client.hexists(pending, "id"),
         "HGET": lambda: client.hget(pending, "id"),
         "HMGET": lambda: client.hmget(pending, ["id", "token"]),
+        "HDEL": lambda: client.hdel(k["OWNERS"], "probe"),
         "WATCH": lambda: _one_connection(client, lock, ("WATCH", lock)),
         "UNWATCH": lambda: _one_connection(client, lock, ("UNWATCH",)),
         "MULTI": lambda: _one_connection(client, lock, ("MULTI",)),
@@ -336,15 +341,21 @@ def _permissions(client: LockClient, prefix: str, scripting: bool) -> list[Check
     key = f"{prefix}:celery_singleton_lock.check:{{{uuid.uuid4().hex[:12]}}}"
     refused: list[str] = []
     admin_refused: list[str] = []
+    skip_record = skip_record_key(prefix, f"celery_singleton_lock.check.{uuid.uuid4().hex[:12]}")
     try:
         for command, probe, needed in _probes(client, key, scripting):
             try:
                 probe()
             except redis.ResponseError as exc:
                 (refused if needed else admin_refused).append(f"{command} ({_why(exc)})")
+        try:  # a skipped run's record lives outside prefix:* (see skip_info)
+            client.set(skip_record, "probe", px=_PROBE_MS)
+        except redis.ResponseError as exc:
+            refused.append(f"SET on skip records like {skip_record!r} ({_why(exc)})")
     finally:
         with contextlib.suppress(redis.RedisError):  # else they expire within seconds
             client.delete(*_probe_keys(key).values())
+            client.delete(skip_record)
     mode = "scripted" if scripting else "plain-command"
     if refused:
         missing = f"the {mode} locks need, on keys like {key!r}: " + ", ".join(refused)
@@ -356,7 +367,7 @@ def _permissions(client: LockClient, prefix: str, scripting: bool) -> list[Check
         wanted = "`celery locks list/clear` need " + ", ".join(admin_refused) + " (tasks do not)"
         admin = Check("admin", WARN, wanted)
     else:
-        admin = Check("admin", OK, "SCAN and TYPE allowed (`locks list` and `clear`)")
+        admin = Check("admin", OK, "every command `locks list` and `clear` use is allowed")
     return [permissions, admin]
 
 

@@ -50,7 +50,7 @@ from celery_singleton_lock.ops.admin import (
     read_locks,
 )
 from celery_singleton_lock.ops.checks import FAIL, OK, WARN, Report, run_checks
-from celery_singleton_lock.ops.reconcile import LockState, lock_states, reap
+from celery_singleton_lock.ops.reconcile import LockState, lock_states, reap, watch_seconds
 from celery_singleton_lock.options import Settings
 from celery_singleton_lock.runtime import locking_for
 
@@ -90,16 +90,58 @@ def _plural(count: int, word: str) -> str:
     return f"{count} {word}" if count == 1 else f"{count} {word}s"
 
 
+#: sysexits.h "permission denied": the lock Redis refused the ACL user a command or a key
+#: (NOPERM), or its credentials (WRONGPASS); not the same as unreachable (69).
+EX_NOPERM = 77
+#: redis-py's errors for a refused user (AuthorizationError is missing from old versions).
+_REFUSALS: tuple[type[BaseException], ...] = tuple(
+    getattr(redis.exceptions, name)
+    for name in ("NoPermissionError", "AuthenticationError", "AuthorizationError")
+    if hasattr(redis.exceptions, name)
+)
+
+
+def _denied(exc: BaseException) -> bool:
+    """Whether ``exc`` (or what it wraps) is Redis refusing the user: a command or key the
+    ACL does not grant (NOPERM), or bad credentials (WRONGPASS, an AuthenticationError)."""
+    seen: BaseException | None = exc
+    for _ in range(5):  # a LockBackendError wraps redis-py's error once
+        if seen is None:
+            break
+        if isinstance(seen, _REFUSALS):
+            return True
+        if any(word in str(seen) for word in ("NOPERM", "WRONGPASS", "NOAUTH")):
+            return True
+        seen = seen.__cause__ or seen.__context__
+    return False
+
+
+def _redis_failure(url: str, exc: BaseException, what: str) -> CeleryCommandException:
+    """The one-line error of a Redis failure: exit status 77 (EX_NOPERM) when the ACL user
+    was refused, else 69 (EX_UNAVAILABLE)."""
+    if _denied(exc):
+        return CeleryCommandException(
+            message=_one_line(
+                f"lock Redis at {mask_url(url)} refused this user: {type(exc).__name__}: "
+                f"{exc} (grant it what `celery locks check` and the docs' least-privilege "
+                "ACL list)"
+            ),
+            exit_code=EX_NOPERM,
+        )
+    return CeleryCommandException(
+        message=_one_line(f"lock Redis at {mask_url(url)} {what}: {type(exc).__name__}: {exc}"),
+        exit_code=EX_UNAVAILABLE,
+    )
+
+
 @contextlib.contextmanager
 def _redis_errors(url: str) -> Iterator[None]:
-    """Turn Redis failures into a one-line error and exit status 69 (EX_UNAVAILABLE)."""
+    """Turn Redis failures into a one-line error: exit status 77 (EX_NOPERM) when the user
+    was refused a command, a key or its credentials, else 69 (EX_UNAVAILABLE)."""
     try:
         yield
     except redis.RedisError as exc:
-        raise CeleryCommandException(
-            message=_one_line(f"lock Redis at {mask_url(url)} failed: {type(exc).__name__}: {exc}"),
-            exit_code=EX_UNAVAILABLE,
-        ) from exc
+        raise _redis_failure(url, exc, "failed") from exc
 
 
 def _client(app: Celery, settings: Settings) -> LockClient:
@@ -382,6 +424,63 @@ def _unknown_task(app: Celery, name: str) -> click.BadParameter:
     return click.BadParameter(f"unknown task {name!r}; {hint}", param_hint="TASK_NAME")
 
 
+def _fitting_kwargs(
+    task_name: str, func: Any, args: list[Any], kwargs: dict[str, Any], lock_keys: object
+) -> dict[str, Any]:
+    """``kwargs`` of a call that fits the task's signature, so the key printed is the one a
+    real call uses; ``BadParameter`` (exit status 2) when the arguments do not fit.
+
+    The only arguments that may be left out are required ones that ``lock_keys`` does not
+    name (or every one, under ``lock_keys=()``): they do not take part in the key, so they
+    are filled with None here, and a note on stderr says so.
+    """
+    try:
+        signature = inspect.signature(func)
+    except (TypeError, ValueError):
+        return kwargs  # no introspectable signature: keys.py binds what it can
+    try:
+        signature.bind(*args, **kwargs)
+    except TypeError as exc:
+        problem = str(exc)
+    else:
+        return kwargs
+    empty = inspect.Parameter.empty
+    shown = signature.replace(
+        parameters=[p.replace(annotation=empty) for p in signature.parameters.values()],
+        return_annotation=empty,
+    )
+    hint = (
+        f"these arguments do not fit {task_name}{shown}: {problem}; a call with them "
+        "fails, so no call uses the key they would give"
+    )
+    try:
+        partial = signature.bind_partial(*args, **kwargs)
+    except TypeError:
+        raise click.BadParameter(hint, param_hint="ARGS_JSON / KWARGS_JSON") from None
+    missing = [
+        name
+        for name, parameter in signature.parameters.items()
+        if name not in partial.arguments
+        and parameter.default is inspect.Parameter.empty
+        and parameter.kind
+        in (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
+    ]
+    named = tuple(lock_keys) if isinstance(lock_keys, (list, tuple)) else None
+    if not missing or named is None or any(name in named for name in missing):
+        raise click.BadParameter(
+            f"{hint} (give every argument: the key depends on "
+            f"{'the missing ones' if missing else 'all of them'})",
+            param_hint="ARGS_JSON / KWARGS_JSON",
+        )
+    click.echo(
+        f"note: {', '.join(missing)} left out: lock_keys={list(named)!r} does not use "
+        f"{'it' if len(missing) == 1 else 'them'}, so every call with these arguments has "
+        "this key",
+        err=True,
+    )
+    return {**kwargs, **dict.fromkeys(missing)}
+
+
 @locks.command(name="key", cls=CeleryCommand)
 @click.argument("task_name")
 @click.argument("args_json", required=False, default="[]")
@@ -410,15 +509,7 @@ def key_for(ctx: click.Context, task_name: str, args_json: str, kwargs_json: str
             f"task {task_name!r} is not locked: it is not a LockedTask and no "
             "singleton_lock_tasks glob matches it"
         )
-    try:
-        inspect.signature(task.run).bind(*args, **kwargs)
-    except TypeError as exc:
-        click.echo(
-            f"warning: these arguments do not fit {task_name}: {exc}; a call with them fails",
-            err=True,
-        )
-    except ValueError:
-        pass  # no introspectable signature: keys.py binds what it can
+    kwargs = _fitting_kwargs(task_name, task.run, args, kwargs, locking.options.keys)
     try:
         key = locking.key(args, kwargs)
     except Exception as exc:  # a user's lock_keys callable may raise anything
@@ -467,7 +558,9 @@ def check(ctx: click.Context, as_json: bool, strict: bool) -> None:
     offset, and the user's permission for every command the locks use.
 
     Exit status: 0 ready (warnings allowed unless --strict); 1 a check failed (or warned,
-    with --strict); 69 the lock Redis is unreachable; 78 a singleton_lock_* setting is bad.
+    with --strict); 69 the lock Redis is unreachable; 77 it refused this user (bad
+    credentials, or a command the ACL does not grant before any check ran); 78 a
+    singleton_lock_* setting is bad.
     """
     app = _app(ctx)
     try:
@@ -481,12 +574,7 @@ def check(ctx: click.Context, as_json: bool, strict: bool) -> None:
             message=f"singleton_lock_url: {_one_line(str(exc))}", exit_code=EX_CONFIG
         ) from exc
     except redis.RedisError as exc:
-        raise CeleryCommandException(
-            message=_one_line(
-                f"lock Redis at {mask_url(settings.url)} unreachable: {type(exc).__name__}: {exc}"
-            ),
-            exit_code=EX_UNAVAILABLE,
-        ) from exc
+        raise _redis_failure(settings.url, exc, "unreachable") from exc
     if as_json:
         click.echo(
             json.dumps(
@@ -516,7 +604,7 @@ def check(ctx: click.Context, as_json: bool, strict: bool) -> None:
     cls=CeleryOption,
     is_flag=True,
     help_group="Reap Options",
-    help="Print one line per hold that would be freed (key, task id, why); free nothing.",
+    help='Print the same lines ("would free" for a hold proven gone); free nothing.',
 )
 @click.option(
     "--watch",
@@ -525,8 +613,9 @@ def check(ctx: click.Context, as_json: bool, strict: bool) -> None:
     default=None,
     metavar="SECONDS",
     help_group="Reap Options",
-    help="How long to watch for lease renewals (default: a third of singleton_lock_timeout "
-    "plus a second, the renewal interval of a task's lease).",
+    help="How long to watch the holds for renewals (default: each hold until its renewal "
+    "was due, a third of the lease it has left plus a margin; a hold taken at publish "
+    "5 s). A lease that runs out meanwhile proves its hold gone.",
 )
 @click.option(
     "--match",
@@ -540,24 +629,52 @@ def check(ctx: click.Context, as_json: bool, strict: bool) -> None:
 def reap_locks(ctx: click.Context, dry_run: bool, watch: float | None, pattern: str | None) -> None:
     """Free the holds whose holder is proven gone, never a running one.
 
-    A hold stays while its lease is being renewed (watched for one renewal interval), while
-    an answering worker lists its task as active, reserved or scheduled, and, for a hold
-    taken at publish, while its message may still be in the broker (searched for a Redis
-    broker; never proven gone with another broker). Freeing is owner-checked.
+    A hold is proven gone when its lease ran out, when the process that took it was of
+    this host and is gone, or, taken at publish, when its message is in no queue of a Redis
+    broker; and no worker that answers inspect has its task. A hold renewed while watched,
+    whose task a worker has or whose message waits is alive and not shown. Every other
+    hold is printed "unproven" with why and left: no answer from a worker (a busy solo
+    worker, remote control off) proves nothing. Freeing is owner-checked. Exit status 0
+    whatever was found; a lock Redis failure exits as the other commands do.
     """
+    try:
+        watch = watch_seconds(watch)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), param_hint="--watch") from exc
     app = _app(ctx)
     settings = _settings(app)
     client = _client(app, settings)
     match = pattern if pattern is not None else prefix_pattern(settings.prefix)
-    seconds = watch if watch is not None else settings.timeout / 3 + 1.0
+    # The tasks' own ``queue`` options are among the queues searched; a task module that
+    # fails to import leaves only its tasks' queues unknown (bound ones are still searched).
+    with contextlib.suppress(Exception):
+        app.loader.import_default_modules()
+
+    def announce(holds: int, seconds: float) -> None:
+        if seconds >= 2:
+            held = _plural(holds, "hold")
+            click.echo(f"watching {held} for renewals, up to {seconds:.0f}s", err=True)
+
     with _redis_errors(settings.url):
         reaped = reap(
-            app, client, match, watch=seconds, dry_run=dry_run, scripting=settings.scripting
+            app,
+            client,
+            match,
+            watch=watch,
+            dry_run=dry_run,
+            scripting=settings.scripting,
+            announce=announce,
         )
     for found in reaped:
-        verb = "would free" if dry_run else ("freed" if found.freed else "left (changed hands)")
+        if not found.proven:
+            verb = "unproven"
+        elif dry_run:
+            verb = "would free"
+        else:
+            verb = "freed" if found.freed else "left (changed hands)"
         click.echo(f"{verb} {found.key} task {found.task_id or '-'}: {found.why}")
         if found.freed:
             observe.reaped(app, found.key, found.task_id, why=found.why)
-    if not reaped:
-        click.echo("nothing to reap")
+    if not any(found.proven for found in reaped):
+        unproven = sum(not found.proven for found in reaped)
+        click.echo("nothing to reap" + (f" ({unproven} unproven)" if unproven else ""))

@@ -1,42 +1,99 @@
 """Reconciliation: who holds, waits for and follows each lock (``celery locks list``), and
 freeing only holds whose holder is proven gone (``celery locks reap``).
 
-A hold is proven gone when all of these are true:
+No answer is not proof. A worker on the solo pool busy in a long task, or one started
+with ``worker_enable_remote_control=False``, never answers ``inspect``, and a hold whose
+lease was not renewed for a while may belong to a run whose renewer is only late (a
+stalled connection, a stopped process). So a hold is freed only on one of these proofs:
 
-* its lease was not renewed while we watched it for one renewal interval (a running task's
-  lease is extended every third of a lease, so a live one moves);
-* no worker that answers ``inspect`` lists its task id as active, reserved or scheduled;
-* it is not waiting in the broker: for a Redis broker we look in the queues and in the
-  messages delivered but not acknowledged; with another broker a hold taken at publish
-  (queue scope, not yet running) is never proven gone.
+* **its lease ran out** (its expiry passed while its value stayed the same): by the lock's
+  own rule it is free already; freeing it now wakes its waiters at once;
+* **its process is gone**: a run's hold names its process (boot id, PID namespace, pid and
+  start time, see :mod:`celery_singleton_lock.runtime.process`); when that is a process
+  of this very host and namespace and no such process runs any more, the body cannot be
+  running (a run hold is never renewed from another process);
+* **taken at publish and its message is nowhere** (queue scope, holder info
+  ``"queued": true``, which is never renewed while queued): the broker is Redis and every
+  queue a message of the app can be in was searched (the default queue, ``task_queues``,
+  every queue named in ``task_routes`` and in the tasks' ``queue`` options, every queue
+  bound on the broker, which includes those named by ``apply_async(queue=...)``, each
+  with its priority lists) along with the messages delivered but not acknowledged, twice,
+  a moment apart. A router function in ``task_routes`` (its queues cannot be listed), a
+  queue too long to read or a broker that is not Redis leave such a hold unproven.
 
-Anything else is left alone: a hold whose renewal we saw, whose task a worker reports, or
-that may still be queued. Freeing is owner-checked (the token we saw), so a hold that
-changed hands meanwhile is not touched.
+Each also needs: the value did not change while we watched, and no worker that answers
+``inspect`` (``query_task``) knows the task; a process gone or a lease run out also needs
+its message not to wait in the broker (a redelivery would run it). Anything else is
+reported *unproven*, with why, and left alone; a hold whose lease moved while we watched,
+whose task a worker reports or whose message waits in the broker is alive and not
+reported at all.
+
+How long to watch. A live run renews its lease every third of the lease. A hold written
+(acquired or renewed) at ``w`` with lease ``L`` expires at ``E = w + L`` and its renewal
+is due at ``w + L/3 = E - 2L/3``. When we first see it at ``t0`` (so ``w <= t0``), that
+is at most ``t0 + (E - t0)/3``: a third of the lease it has left then. So watching each
+hold a third of its lease left (plus a margin for the renewer's scheduling) is enough to
+see a live renewer renew, whatever its lease (a task's own ``lock_timeout``, a per-call
+one, a task this app does not know), without knowing ``L``. Not seeing that renewal is
+still no proof (above), so the watch only decides what is reported: alive (renewed) or
+unproven (not renewed). Freeing is owner-checked by the owner token we saw, so a hold
+that changed hands meanwhile (claimed by its run, renewed, released, taken) is left.
 """
 
 from __future__ import annotations
 
 import json
+import math
+import threading
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, cast
 
 from celery_singleton_lock.engine import RedisLock, companion_key
-from celery_singleton_lock.engine.value import parse_value
-from celery_singleton_lock.engine.wire import LockClient
+from celery_singleton_lock.engine.constants import MAX_DURATION
+from celery_singleton_lock.engine.value import LockValue, parse_value
+from celery_singleton_lock.engine.wire import LockClient, server_time
 from celery_singleton_lock.ops.admin import LockRow, decode_key, lock_row, scan_values
+from celery_singleton_lock.runtime.process import process_state
 
 if TYPE_CHECKING:
     from celery import Celery
 
-__all__ = ["LockState", "Reaped", "base_of", "lock_states", "reap"]
+__all__ = [
+    "BrokerSearch",
+    "LockState",
+    "Reaped",
+    "base_of",
+    "lock_states",
+    "reap",
+    "search_broker",
+    "watch_seconds",
+]
 
-#: The broker queue entries looked through per queue (a longer queue: not proven absent).
+#: The broker queue entries looked through per queue (a longer queue: not searched).
 BROKER_SCAN_LIMIT = 100_000
-#: How long ``inspect`` waits for workers to answer (seconds).
+#: How long ``inspect`` waits for workers to answer (seconds), and how much longer reap
+#: waits for the broadcast itself (a broker that does not answer) before taking it as no
+#: answer.
 INSPECT_TIMEOUT = 1.0
+INSPECT_GRACE = 15.0
+#: A live renewer extends a lease a third of a lease after writing it; we allow it this
+#: much longer: a tenth more, plus a second (its lane's scheduling, a slow round trip).
+RENEWAL_SLACK = 1.0
+RENEWAL_SLACK_FRACTION = 0.1
+#: Without ``--watch``, a hold taken at publish (never renewed while queued) is watched
+#: this long, so a message still being published when we first looked has landed.
+QUEUED_WATCH = 5.0
+#: A message found nowhere is looked for again this much later before its hold is freed: a
+#: worker that is taking it has popped it from its queue but not yet put it among the
+#: unacknowledged messages, or has acknowledged it and is about to claim the hold.
+SETTLE = 1.0
+#: How often the watched holds are read again (seconds).
+POLL_INTERVAL = 0.25
+#: Exchanges whose queues carry Celery's control replies and events, never tasks.
+_NOT_TASK_EXCHANGES = ("celeryev",)
+_NOT_TASK_SUFFIX = ".pidbox"
 
 
 def base_of(key: str) -> tuple[str, str]:
@@ -111,66 +168,291 @@ def _queue_of(client: LockClient, key: str) -> tuple[list[str], str | None]:
 
 @dataclass(frozen=True)
 class Reaped:
-    """One hold ``reap`` would free (or freed): its key, task id and why it is gone."""
+    """One hold ``reap`` reports: its key, task id and why. ``proven``: its holder is
+    proven gone, and ``freed`` says whether it was freed (never in a dry run, nor when it
+    changed hands meanwhile); not ``proven``: it may still be in use and was left alone."""
 
     key: str
     task_id: str | None
     why: str
     freed: bool
+    proven: bool = True
 
 
-def _worker_task_ids(app: Celery, timeout: float) -> set[str] | None:
-    """Task ids that answering workers report as active, reserved or scheduled; None when
-    no worker answered."""
-    inspect = app.control.inspect(timeout=timeout)
-    found: set[str] = set()
-    answered = False
-    for method in (inspect.active, inspect.reserved, inspect.scheduled):
-        replies = method() or {}
-        answered = answered or bool(replies)
-        for requests in replies.values():
-            for request in requests or ():
-                task = request.get("request", request) if isinstance(request, dict) else {}
-                if isinstance(task, dict) and task.get("id"):
-                    found.add(str(task["id"]))
-    return found if answered else None
+# ----------------------------------------------------------------------------- workers
 
 
-def _broker_messages(app: Celery) -> list[bytes] | None:
-    """Every message body waiting or unacknowledged in a Redis broker, None when the broker
-    is not Redis or a queue is too long to look through."""
-    url = str(app.conf.broker_url or "")
-    if not url.startswith(("redis://", "rediss://", "unix://", "redis+socket://")):
-        return None
-    import redis  # noqa: PLC0415 - only for a Redis broker
+@dataclass(frozen=True)
+class _Workers:
+    """What the workers that answered ``inspect`` said: the task ids they know, and
+    whether any answered at all."""
 
-    broker = redis.Redis.from_url(url.replace("redis+socket://", "unix://"), socket_timeout=5)
+    known: frozenset[str] = frozenset()
+    answered: bool = False
+
+
+def _ask_workers(app: Celery, task_ids: Sequence[str], timeout: float) -> _Workers:
+    """The task ids among ``task_ids`` that an answering worker has active, reserved or
+    scheduled (one ``query_task`` broadcast). A broker failure counts as no answer."""
+    if not task_ids:
+        return _Workers()
     try:
-        names = {app.conf.task_default_queue or "celery"}
-        names.update(queue.name for queue in (app.conf.task_queues or ()))
-        messages: list[bytes] = []
-        for name in names:
-            if broker.type(name) != b"list":
+        replies: Mapping[str, Any] = (
+            app.control.inspect(timeout=timeout).query_task(*task_ids) or {}
+        )
+    except Exception:  # noqa: BLE001 - an unreachable broker: nobody answered
+        return _Workers()
+    known: set[str] = set()
+    for reply in replies.values():
+        if not isinstance(reply, Mapping):
+            continue
+        for task_id, found in cast("Mapping[str, Any]", reply).items():
+            state: object = found[0] if isinstance(found, (list, tuple)) and found else None
+            if state != "ready":  # "ready": it has just ended
+                known.add(str(task_id))
+    return _Workers(frozenset(known), answered=bool(replies))
+
+
+class _WorkerQuery(threading.Thread):
+    """``_ask_workers`` in the background, so its timeout runs while we watch."""
+
+    def __init__(self, app: Celery, task_ids: Sequence[str], timeout: float) -> None:
+        super().__init__(name="reap-inspect", daemon=True)
+        self.query = (app, list(task_ids), timeout)
+        self.result = _Workers()
+
+    def run(self) -> None:
+        self.result = _ask_workers(*self.query)
+
+    def answer(self) -> _Workers:
+        """What the workers said; nothing when the broadcast is still stuck (a broker that
+        does not answer) well after its timeout."""
+        self.join(self.query[2] + INSPECT_GRACE)
+        return self.result
+
+
+# ------------------------------------------------------------------------------ broker
+
+
+@dataclass(frozen=True)
+class BrokerSearch:
+    """The messages waiting or unacknowledged in the broker, read at one moment, and, when
+    some could not be read (or the broker is not Redis), why: then a message found nowhere
+    may still be queued."""
+
+    messages: tuple[bytes, ...] = ()
+    why: str = ""
+
+    def has(self, task_id: str) -> bool | None:
+        """Whether a message of ``task_id`` is there: True found, False proven absent, None
+        not found in an incomplete search."""
+        needle = task_id.encode()
+        if any(needle in message for message in self.messages):
+            return True
+        return None if self.why else False
+
+
+def _queue_name(queue: object) -> str:
+    """The name of a queue given as a name or a ``kombu.Queue``."""
+    return str(getattr(queue, "name", queue))
+
+
+def _routed_queues(app: Celery) -> tuple[set[str], str]:
+    """The queues the app's configuration routes tasks to (``task_default_queue``,
+    ``task_queues``, ``task_routes``, each task's ``queue``), and why that list is not
+    complete ("" when it is): a router function's queues cannot be listed."""
+    conf = app.conf
+    names = {str(conf.task_default_queue or "celery")}
+    queues = conf.task_queues or ()
+    names.update(_queue_name(queue) for queue in queues)
+    routes = conf.task_routes
+    routers: Iterable[Any] = (
+        () if routes is None else routes if isinstance(routes, (list, tuple)) else (routes,)
+    )
+    why = ""
+    for router in routers:
+        if isinstance(router, Mapping):
+            entries: Iterable[Any] = router.values()
+        elif isinstance(router, (list, tuple)):
+            entries = [pair[1] for pair in router if isinstance(pair, (list, tuple))]
+        else:
+            label = router if isinstance(router, str) else getattr(router, "__name__", router)
+            why = f"task_routes has a router ({label!s}) whose queues cannot be listed"
+            continue
+        for route in entries:
+            if isinstance(route, Mapping):
+                queue = route.get("queue")
+                if queue:
+                    names.add(_queue_name(queue))
+            elif route:
+                names.add(_queue_name(route))  # a queue name (or a Queue) for the route
+    for task in list(app.tasks.values()):
+        queue = getattr(task, "queue", None)
+        if queue:
+            names.add(_queue_name(queue))
+    return names, why
+
+
+def _redis_broker_url(app: Celery) -> tuple[str | None, str]:
+    """The URL of a Redis broker to search, or None and why not."""
+    url = app.conf.broker_url
+    text = url if isinstance(url, str) else ""
+    scheme = text.split("://", 1)[0] if "://" in text else (text or "amqp")
+    if not isinstance(url, str) or ";" in url:
+        return None, "the broker URL names several servers, whose queues are not searched"
+    if scheme not in ("redis", "rediss", "unix", "redis+socket"):
+        return None, f"the broker ({scheme}://) is not Redis: its queues cannot be searched"
+    return url.replace("redis+socket://", "unix://", 1), ""
+
+
+def search_broker(app: Celery, limit: int = BROKER_SCAN_LIMIT) -> BrokerSearch:
+    """Every message waiting or delivered-but-unacknowledged in the app's Redis broker, read
+    in one transaction: each queue the app routes to or the broker has bound, with its
+    priority lists (``<queue>\\x06\\x16<step>``), and the ``unacked`` hash (names as the
+    app's ``broker_transport_options`` set them). Incomplete (with why) when the broker is
+    not Redis, a router function hides queues, or a queue is too long or unreadable."""
+    url, why = _redis_broker_url(app)
+    if url is None:
+        return BrokerSearch(why=why)
+    routed, why = _routed_queues(app)
+    import redis  # noqa: PLC0415 - only for a Redis broker
+    from kombu.transport.redis import PRIORITY_STEPS, Channel  # noqa: PLC0415
+
+    options = dict(app.conf.broker_transport_options or {})
+    prefix = str(options.get("global_keyprefix") or "")
+    sep = str(options.get("sep") or Channel.sep)
+    steps = [step for step in options.get("priority_steps") or PRIORITY_STEPS if step]
+    unacked = prefix + str(options.get("unacked_key") or Channel.unacked_key)
+    bindings = prefix + Channel.keyprefix_queue % ""
+    if options.get("ack_emulation", Channel.ack_emulation) is False:
+        why = why or "ack_emulation is off, so messages a worker has taken are not in Redis"
+    broker = redis.Redis.from_url(url, socket_timeout=5, socket_connect_timeout=5)
+    try:
+        queues = set(routed)
+        for key in broker.scan_iter(match=_glob_escape(bindings) + "*", count=500):
+            exchange = decode_key(key)[len(bindings) :]
+            if exchange in _NOT_TASK_EXCHANGES or exchange.endswith(_NOT_TASK_SUFFIX):
                 continue
-            if broker.llen(name) > BROKER_SCAN_LIMIT:
-                return None
-            messages.extend(cast("list[bytes]", broker.lrange(name, 0, -1)))
-        if broker.type("unacked") == b"hash":
-            messages.extend(cast("list[bytes]", broker.hvals("unacked")))
-        return messages
+            for member in cast("set[bytes]", broker.smembers(key)):
+                queues.add(decode_key(member).split(sep)[-1])
+        queues.discard("")
+        keys = sorted(
+            prefix + name
+            for queue in queues
+            for name in (queue, *(f"{queue}{sep}{step}" for step in steps))
+        )
+        pipe = broker.pipeline(transaction=True)
+        for key in keys:
+            pipe.lrange(key, 0, limit)
+        if int(broker.hlen(unacked)) > limit:
+            why = why or f"more than {limit} unacknowledged messages to search"
+        else:
+            keys.append(unacked)
+            pipe.hvals(unacked)  # last: the one reply that is not a list's
+        replies = pipe.execute(raise_on_error=False)
+    except redis.RedisError as exc:
+        return BrokerSearch(why=f"the broker could not be searched ({type(exc).__name__}: {exc})")
     finally:
         broker.close()
+    messages: list[bytes] = []
+    for key, reply in zip(keys, replies, strict=True):
+        if isinstance(reply, redis.ResponseError) and "WRONGTYPE" in str(reply):
+            continue  # not a list (or hash): no message is there
+        if isinstance(reply, Exception):
+            why = why or f"the broker could not be searched ({reply})"
+        elif len(reply) > limit:
+            why = why or f"queue {key!r} holds more than {limit} messages to search"
+        else:
+            messages.extend(cast("list[bytes]", reply))
+    return BrokerSearch(tuple(messages), why)
 
 
-def _expiries(client: LockClient, keys: Sequence[str]) -> dict[str, int | None]:
+def _glob_escape(text: str) -> str:
+    """``text`` as a literal in a Redis glob."""
+    return "".join(f"\\{char}" if char in "\\*?[]" else char for char in text)
+
+
+# ------------------------------------------------------------------------------ holds
+
+
+@dataclass
+class _Watched:
+    """One hold as reap watches it: the value first seen (at server time ``seen_ms``), and
+    what the watch showed."""
+
+    row: LockRow
+    raw: bytes | str
+    value: LockValue
+    seen_ms: int
+    now_ms: int
+    changed: bool = False
+    process: str | None = None  # "gone" / "running" / None (cannot tell), for run holds
+
+    @property
+    def expiry_ms(self) -> int:
+        return self.value.expiry_ms or 0
+
+    @property
+    def expired(self) -> bool:
+        """Its lease ran out with the value we first saw (never renewed)."""
+        return not self.changed and self.expiry_ms <= self.now_ms
+
+    @property
+    def due_ms(self) -> int:
+        """When a live holder has surely renewed it (see the module docstring); for a hold
+        taken at publish, never renewed while queued, when its publish has surely landed."""
+        if self.row.queued:
+            return self.seen_ms + int(QUEUED_WATCH * 1000)
+        left = max(0, self.expiry_ms - self.seen_ms)
+        return self.seen_ms + int(left / 3 * (1 + RENEWAL_SLACK_FRACTION) + RENEWAL_SLACK * 1000)
+
+    @property
+    def watched(self) -> float:
+        return max(0.0, (self.now_ms - self.seen_ms) / 1000)
+
+    def settled(self, *, until_due: bool) -> bool:
+        """Whether watching longer can tell nothing more (``until_due``: once its renewal
+        was due, the default watch)."""
+        if self.changed or self.expired or self.process == "gone":
+            return True
+        return until_due and self.now_ms >= self.due_ms
+
+    def observe(self, raw: object, now_ms: int) -> None:
+        if self.changed:
+            return
+        self.now_ms = now_ms
+        if raw != self.raw:
+            self.changed = True  # renewed, released, claimed by its run, taken by another
+        elif not self.row.queued:
+            self.process = process_state(self.row.info)
+
+
+def _read(client: LockClient, keys: Sequence[str]) -> tuple[int, list[Any]]:
+    """The server time (ms) and the values of ``keys`` (None: gone; an error: not a string)."""
+    now_ms, _ = server_time(client)
     pipe = client.pipeline(transaction=False)
     for key in keys:
         pipe.get(key)
-    found: dict[str, int | None] = {}
-    for key, raw in zip(keys, pipe.execute(raise_on_error=False), strict=True):
-        value = parse_value(raw) if isinstance(raw, (bytes, str)) else None
-        found[key] = value.expiry_ms if value is not None else None
-    return found
+    return now_ms, list(pipe.execute(raise_on_error=False))
+
+
+def _first_sight(client: LockClient, rows: Sequence[LockRow]) -> list[_Watched]:
+    """The holds to watch among ``rows``: this package's locks, held or with their lease run
+    out, by a value with an owner token (so it can be freed owner-checked), not a success
+    hold (``lock_release="success"`` keeps the key on purpose)."""
+    now_ms, raws = _read(client, [row.key for row in rows])
+    watched = []
+    for row, raw in zip(rows, raws, strict=True):
+        if not isinstance(raw, (bytes, str)):
+            continue
+        value = parse_value(raw)
+        fresh = lock_row(row.key, raw, -1, now_ms)
+        if fresh.kind != "lock" or value.token is None or fresh.info.get("held") == "success":
+            continue
+        hold = _Watched(fresh, raw, value, seen_ms=now_ms, now_ms=now_ms)
+        hold.observe(raw, now_ms)
+        watched.append(hold)
+    return watched
 
 
 def reap(
@@ -178,75 +460,171 @@ def reap(
     client: LockClient,
     pattern: str,
     *,
-    watch: float,
+    watch: float | None,
     dry_run: bool,
     scripting: bool = True,
     inspect_timeout: float = INSPECT_TIMEOUT,
+    announce: Callable[[int, float], None] | None = None,
 ) -> list[Reaped]:
-    """Free (unless ``dry_run``) every hold under ``pattern`` whose holder is proven gone
-    (see the module docstring), watching renewals for ``watch`` seconds."""
-    holds = [
-        row
-        for state in lock_states(client, pattern)
-        for row in state.holders
-        if row.held and row.kind == "lock" and row.info.get("held") != "success"
-    ]
+    """Free (unless ``dry_run``) every hold under ``pattern`` whose holder is proven gone,
+    and report the holds that are neither proven gone nor seen alive (see the module
+    docstring). ``watch``: how long to watch for renewals (seconds); None watches each hold
+    until its renewal was due. ``announce(holds, seconds)`` is called before watching."""
+    rows = [row for state in lock_states(client, pattern) for row in state.holders]
+    holds = _first_sight(client, rows)
     if not holds:
         return []
-    before = _expiries(client, [row.key for row in holds])
-    time.sleep(max(0.0, watch))
-    after = _expiries(client, [row.key for row in holds])
-    known = _worker_task_ids(app, inspect_timeout)
-    messages = None if not any(row.queued for row in holds) else _broker_messages(app)
+    task_ids = sorted({hold.row.task_id for hold in holds if hold.row.task_id is not None})
+    workers = _WorkerQuery(app, task_ids, inspect_timeout)
+    workers.start()
+    _watch(client, holds, watch, announce)
+    answer = workers.answer()
+    left = [hold for hold in holds if not hold.changed]
+    if not left:
+        return []
+    searched = any(hold.row.queued or hold.expired or hold.process == "gone" for hold in left)
+    broker = search_broker(app) if searched else BrokerSearch(why="not searched")
+    verdicts = [(hold, _verdict(hold, answer, broker)) for hold in left]
+    verdicts = _settle(app, client, verdicts, answer)
     reaped = []
-    for row in holds:
-        why = _gone(row, before.get(row.key), after.get(row.key), known, messages)
+    for hold, (proven, why) in verdicts:
         if why is None:
-            continue
-        freed = False
-        if not dry_run:
-            freed = _free(client, row, scripting)
-        reaped.append(Reaped(row.key, row.task_id, why, freed))
+            continue  # alive
+        freed = proven and not dry_run and _free(client, hold, scripting)
+        reaped.append(Reaped(hold.row.key, hold.row.task_id, why, freed, proven))
     return reaped
 
 
-def _gone(
-    row: LockRow,
-    before: int | None,
-    after: int | None,
-    known: set[str] | None,
-    messages: Iterable[bytes] | None,
-) -> str | None:
-    """Why ``row``'s holder is proven gone, or None when it is not."""
-    if after is None or before is None or after != before:
-        return None  # released, taken over, or renewed while we watched
-    if row.task_id is None:
-        return None  # not a task's hold: nothing to ask the workers about
-    if known is not None and row.task_id in known:
-        return None
-    if row.queued:
-        if messages is None:
-            return None  # the broker cannot be searched: it may still be queued
-        needle = row.task_id.encode()
-        if any(needle in message for message in messages):
-            return None
-        return "taken at publish, but its message is in no queue and no worker has it"
-    listed = "no answering worker has it" if known is not None else "no worker answered"
-    return f"not renewed while watched, and {listed}"
+def _watch(
+    client: LockClient,
+    holds: Sequence[_Watched],
+    watch: float | None,
+    announce: Callable[[int, float], None] | None,
+) -> None:
+    """Read the holds again every ``POLL_INTERVAL`` until ``watch`` seconds passed (None:
+    until each one's renewal was due), or sooner once watching can tell nothing more."""
+    until_due = watch is None
+    started = time.monotonic()
+    if watch is None:
+        seen = min(hold.seen_ms for hold in holds)
+        seconds = max(0.0, (max(hold.due_ms for hold in holds) - seen) / 1000)
+    else:
+        seconds = max(0.0, watch)
+    if announce is not None:
+        announce(len(holds), seconds)
+    deadline = started + seconds
+    while True:
+        open_holds = [hold for hold in holds if not hold.settled(until_due=until_due)]
+        left = deadline - time.monotonic()
+        if not open_holds or left <= 0:
+            return
+        time.sleep(min(POLL_INTERVAL, left))
+        now_ms, raws = _read(client, [hold.row.key for hold in open_holds])
+        for hold, raw in zip(open_holds, raws, strict=True):
+            hold.observe(raw, now_ms)
 
 
-def _free(client: LockClient, row: LockRow, scripting: bool) -> bool:
-    """Owner-checked release of ``row``'s hold (by the token we saw)."""
-    value = parse_value(client.get(row.key) or b"")
-    if value.token is None or value.fence != row.fence:
-        return False  # it changed hands since we looked
-    lock, suffix = base_of(row.key)
+_Verdict = tuple[bool, str | None]
+
+
+def _verdict(hold: _Watched, workers: _Workers, broker: BrokerSearch) -> _Verdict:
+    """(proven gone, why) of a hold whose value did not change while watched; why None
+    when it is alive (a worker has its task, or its message waits in the broker)."""
+    task_id = hold.row.task_id
+    if task_id is not None and task_id in workers.known:
+        return False, None
+    found = broker.has(task_id) if task_id is not None else False
+    if hold.expired:
+        if found:
+            return False, "its lease ran out, but its message is still in the broker"
+        return True, "its lease ran out without a renewal"
+    if hold.row.queued:
+        if found is None:
+            return False, f"taken at publish, and its message may still be queued: {broker.why}"
+        if found:
+            return False, None
+        return True, "taken at publish, but its message is in no queue and no worker has it"
+    if hold.process == "gone":
+        where = f"{hold.row.host or '?'}/{hold.row.pid if hold.row.pid is not None else '?'}"
+        if found:
+            return False, f"its process ({where}) is gone, but its message is still in the broker"
+        return True, f"not renewed while watched, and its process ({where}) is gone"
+    return False, _unproven_run(hold, workers)
+
+
+def _unproven_run(hold: _Watched, workers: _Workers) -> str:
+    """Why a run's hold that was not renewed while watched is not proven gone."""
+    left = max(0.0, (hold.expiry_ms - hold.now_ms) / 1000)
+    if hold.now_ms >= hold.due_ms:
+        seen = f"not renewed in {hold.watched:.1f}s, though a live run renews within that"
+    else:
+        due = (hold.due_ms - hold.seen_ms) / 1000
+        seen = (
+            f"watched {hold.watched:.1f}s, less than its renewal interval "
+            f"(its renewal is due within {due:.1f}s)"
+        )
+    if hold.row.task_id is None:
+        who = "not a task's hold, so no worker can say"
+    elif hold.process == "running":
+        who = "its process still runs on this host"
+    elif workers.answered:
+        who = "no answering worker has it, but the worker running it may not answer inspect"
+    else:
+        who = "no worker answered inspect (a busy solo worker or one with remote control off)"
+    return f"{seen}; {who}; its lease ends in {left:.1f}s unless renewed"
+
+
+def _settle(
+    app: Celery,
+    client: LockClient,
+    verdicts: list[tuple[_Watched, _Verdict]],
+    workers: _Workers,
+) -> list[tuple[_Watched, _Verdict]]:
+    """Look again, ``SETTLE`` seconds later, for the messages of holds taken at publish that
+    were found nowhere: one a worker was taking then is among the unacknowledged messages,
+    or its hold was claimed by the run."""
+    pending = [
+        index
+        for index, (hold, (proven, _)) in enumerate(verdicts)
+        if proven and hold.row.queued and not hold.expired
+    ]
+    if not pending:
+        return verdicts
+    time.sleep(SETTLE)
+    broker = search_broker(app)
+    now_ms, raws = _read(client, [verdicts[index][0].row.key for index in pending])
+    settled = list(verdicts)
+    for index, raw in zip(pending, raws, strict=True):
+        hold = verdicts[index][0]
+        hold.observe(raw, now_ms)
+        settled[index] = (hold, (False, None) if hold.changed else _verdict(hold, workers, broker))
+    return settled
+
+
+def _free(client: LockClient, hold: _Watched, scripting: bool) -> bool:
+    """Owner-checked release of the hold by the owner token we saw: a hold that changed
+    hands since (claimed by its run under a token of its own, taken by another) is left."""
+    lock, suffix = base_of(hold.row.key)
     limit = int(suffix.split(":", 1)[1]) if suffix.startswith("slot:") else 1
+    # With scripts, released as a slot (limit >= 2): the slot index beside the lock is kept
+    # right (a plain lock has none, and the release leaves it so).
     owner = RedisLock(
-        client, lock, token=value.token, scripting=scripting, limit=limit if scripting else 1
+        client,
+        lock,
+        token=hold.value.token,
+        scripting=scripting,
+        limit=max(limit, 2) if scripting else 1,
     )
     try:
         owner.release()
     except Exception:  # noqa: BLE001 - not owned any more, or Redis refused: not freed
         return False
     return True
+
+
+def watch_seconds(value: float | None) -> float | None:
+    """``value`` as a watch time (``--watch``): None (each hold until its renewal was due)
+    or seconds, a finite number from 0 up to a year; ValueError otherwise."""
+    if value is not None and not (math.isfinite(value) and 0 <= value <= MAX_DURATION):
+        raise ValueError(f"must be a number of seconds from 0 to {MAX_DURATION}, got {value!r}")
+    return value

@@ -23,7 +23,12 @@ from celery_singleton_lock.runtime.locking import (
     locking_for,
     wire_form,
 )
-from celery_singleton_lock.runtime.lost import release_for_lost_run
+from celery_singleton_lock.runtime.lost import (
+    received_request,
+    release_for_dropped_message,
+    release_for_lost_run,
+    remember_delivery,
+)
 from celery_singleton_lock.runtime.publish import locked_apply_async
 from celery_singleton_lock.runtime.run import body_of, locked_call
 
@@ -42,7 +47,10 @@ __all__ = [
     "locked_call",
     "locking_for",
     "queue_token",
+    "received_request",
     "release_after_run",
+    "release_for_dropped_message",
     "release_for_lost_run",
+    "remember_delivery",
     "wire_form",
 ]

@@ -120,10 +120,6 @@ class Run:
     def eager(self) -> bool:
         return bool(self.request.is_eager)
 
-    @property
-    def redelivered(self) -> bool:
-        return hdr.redelivered(self.request)
-
     def header(self, name: str) -> Any:
         return hdr.header(self.request, name)
 

@@ -25,15 +25,15 @@ __all__ = [
     "header",
     "header_key",
     "pop_call_options",
-    "redelivered",
 ]
 
 #: Message header carrying the ``lock_*`` options given to one call.
 HEADER_OPTIONS = "singleton_lock_options"
 #: Message header that carries a queue-scope lock's key from the producer to the run.
 HEADER_KEY = "singleton_lock_key"
-#: Header of a message republished because an earlier delivery of it held the lock: when
-#: it runs, it first checks that the earlier one did not finish the work.
+#: Header of a message republished because an earlier delivery of it held the lock (for
+#: operators reading a message; every queue-scope delivery checks whether its task id
+#: already finished).
 HEADER_DUPLICATE = "singleton_lock_duplicate"
 #: Message header counting the retries the lock layer asked for (a busy key, an outage, an
 #: earlier delivery holding it): they do not count against the task's ``max_retries`` and
@@ -49,12 +49,15 @@ PUBLISH_WAIT_OPTION = "singleton_lock_publish_wait"
 
 
 def header(request: Any, name: str) -> Any:
-    """A header of the message being run, wherever Celery put it (a worker makes headers
-    request attributes; an eager run keeps them in ``request.headers``)."""
+    """A header of the message being run, wherever Celery put it: a run's request has
+    headers as attributes, an eager run keeps them in ``request.headers``, and the worker's
+    own ``Request`` of a message (what ``task_revoked`` gives) in ``request_dict``."""
     value = getattr(request, name, None)
-    if value is None:
-        headers = getattr(request, "headers", None) or {}
-        value = headers.get(name)
+    for where in ("headers", "request_dict"):
+        if value is not None:
+            break
+        found = getattr(request, where, None)
+        value = found.get(name) if isinstance(found, dict) else None
     return value
 
 
@@ -70,13 +73,6 @@ def carried_options(request: Any, task_name: str) -> dict[str, Any]:
     if not carried:
         return {}
     return validate_task_options(carried, f"message options of task {task_name!r}")
-
-
-def redelivered(request: Any) -> bool:
-    """Whether this delivery may repeat one that already ran: a broker redelivery, or a
-    message republished because an earlier delivery of it held the lock."""
-    delivery = getattr(request, "delivery_info", None) or {}
-    return bool(header(request, HEADER_DUPLICATE) or delivery.get("redelivered"))
 
 
 def pop_call_options(task_name: str, options: dict[str, Any]) -> dict[str, Any]:

@@ -8,7 +8,6 @@ import inspect
 import json
 import math
 import os
-import socket
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -23,6 +22,7 @@ from celery_singleton_lock.keys import check_lock_keys, task_lock_key
 from celery_singleton_lock.modes import Plan, check_combinations, plan_for
 from celery_singleton_lock.modes.scope import queue_token, task_group
 from celery_singleton_lock.options import TASK_OPTION_PREFIX, LockOptions, Settings
+from celery_singleton_lock.runtime.process import HOST, process_identity
 
 if TYPE_CHECKING:
     from celery import Task
@@ -60,7 +60,6 @@ FOREIGN_ALLOWED = "singleton_lock_foreign_options"
 #: how its tasks lock before the options are validated: the compat base classes map their
 #: predecessors' options and settings there.
 ADAPT_HOOK = "singleton_lock_adapt"
-_HOST = socket.gethostname()
 
 
 @dataclass(frozen=True)
@@ -122,8 +121,9 @@ class TaskLocking:
         info: dict[str, Any] = {
             "task_id": task_id,
             "task": self.task_name,
-            "host": _HOST,
+            "host": HOST,
             "pid": os.getpid(),
+            "proc": process_identity(),
         }
         if queued:
             info["queued"] = True

@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 from celery.utils import uuid
 
+from celery_singleton_lock import _observe as observe
 from celery_singleton_lock.exceptions import LockBackendError
 from celery_singleton_lock.runtime import headers as hdr
 from celery_singleton_lock.runtime.context import RUN_ATTR, Publish
@@ -96,15 +97,22 @@ def _queue_lock(call: Publish, wait: float | None) -> AnyResult:
     handing_over = own_retry and running is not None and running.holding
     claim = None
     if handing_over and running is not None:
+        if running.lock.lease_lost:
+            # The hold the retry would take over was lost while the run went on: say so
+            # (lock_lost) before the hold is handed on, as the end of a run would.
+            observe.lost(task, running.lock, running.task_id, running.options)
         claim = running.lock.token
         running.lock.detach()
     lock = call.queue_lock(task_id, claim=claim)
     try:
         if explicit_id and not handing_over and known_task(lock, task_id):
-            log.info(
-                "%s[%s] not published again: that task id is queued, running or done",
+            log.warning(
+                "%s[%s] not published: a call with that task id is queued, running or "
+                "finished lately under %s, and a task id runs once (a new job needs a new "
+                "task id)",
                 task.name,
                 task_id,
+                key,
             )
             return call.result(task_id)
         acquired = lock.acquire(blocking=wait != 0, timeout=wait)

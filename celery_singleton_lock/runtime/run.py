@@ -83,18 +83,20 @@ def locked_call(task: AnyTask, args: tuple[Any, ...], kwargs: dict[str, Any], ca
     if run is None:
         return call(*args, **kwargs)
     hooks = run.locking.plan.hooks
-    for mode in hooks:
-        mode.deliver(run)
     try:
+        for mode in hooks:
+            mode.deliver(run)
         acquired = run.policy.acquire(run)
+        if not acquired and not reclaim_from_dead_delivery(run):
+            return on_conflict(run)
+        for mode in hooks:
+            if not mode.admit(run):
+                return None
     except LockBackendError as exc:
+        # The lock Redis failed at any step before the body: the outage rule, for every
+        # mode (it gives back what the run holds).
         run.outage(exc)
         return run.body()  # fail open: singleton_lock_fail_open runs it unlocked
-    if not acquired and not reclaim_from_dead_delivery(run):
-        return on_conflict(run)
-    for mode in hooks:
-        if not mode.admit(run):
-            return None
     observe.acquired(task, run.lock, run.task_id, run.options, run.started)
     keeps = [mode.start(run) for mode in hooks]
     setattr(request, RUN_ATTR, run)

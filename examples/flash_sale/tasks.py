@@ -35,6 +35,18 @@ CHECKOUT_SECONDS = 0.005
 app = Celery("flash_sale")
 app.config_from_object("examples.flash_sale.celeryconfig")
 
+#: ``FLASH_SALE_METRICS_PORT``: serve the lock metrics from every worker on this port, for
+#: Prometheus (docker-compose.yml sets it; ``examples/grafana`` charts them). Needs the
+#: ``metrics`` extra, and ``PROMETHEUS_MULTIPROC_DIR`` for the prefork pool (see
+#: docs/observability.md); the directory is made here if missing.
+METRICS_PORT = os.environ.get("FLASH_SALE_METRICS_PORT")
+if METRICS_PORT:
+    if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):  # read when prometheus_client is imported
+        os.makedirs(os.environ["PROMETHEUS_MULTIPROC_DIR"], exist_ok=True)
+    from celery_singleton_lock import metrics  # only when asked for: it needs prometheus_client
+
+    metrics.install(app, port=int(METRICS_PORT))
+
 
 def key(phase: str, what: str, sku: str = "") -> str:
     """Where a phase keeps one of its numbers, e.g. ``flash_sale:locked:stock:sku-1``."""

@@ -4,6 +4,8 @@ shows holders with their state, the waiters in order and the pending follow-up."
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 import threading
 import time
 from typing import Any
@@ -12,15 +14,42 @@ import redis
 
 from celery_singleton_lock import RedisLock
 from celery_singleton_lock.engine.keyspace import companion_key
-from tests.cli.conftest import Run
+from celery_singleton_lock.testing import RedisServer
+from tests.cli.conftest import ROOT, Run
 from tests.cli.test_cli import TASK, buy_key, hold
 
+#: Takes a lock as a run of ``shop.buy`` in this process would (host, pid and the process
+#: identity in its holder info), then exits without releasing it.
+_DIE_HOLDING = """
+import os, sys
+import redis
+from celery_singleton_lock import RedisLock
+from celery_singleton_lock.runtime.process import HOST, process_identity
+url, key, task_id, task = sys.argv[1:5]
+info = {"task_id": task_id, "task": task, "host": HOST, "pid": os.getpid(),
+        "proc": process_identity()}
+assert RedisLock(redis.Redis.from_url(url), key, timeout=30.0, holder_info=info).acquire(
+    blocking=False)
+os._exit(0)
+"""
 
-def test_a_hold_nobody_renews_or_runs_is_reaped(run: Run, client: redis.Redis, prefix: str) -> None:
-    """A hold left by a task that no worker runs and nobody renews is freed (owner-checked),
-    with one line naming key, task id and why; a dry run before it frees nothing."""
+
+def hold_of_a_dead_process(url: str, key: str, task_id: str) -> None:
+    """A hold on ``key`` by task ``task_id`` whose process is gone (it exited holding it)."""
+    subprocess.run(
+        [sys.executable, "-c", _DIE_HOLDING, url, key, task_id, TASK],
+        cwd=ROOT, check=True, timeout=60,
+    )  # fmt: skip
+
+
+def test_a_hold_nobody_renews_or_runs_is_reaped(
+    run: Run, client: redis.Redis, prefix: str, redis_server: RedisServer
+) -> None:
+    """A hold left by a task whose process is gone (this host), that no worker runs and
+    nobody renews, is freed (owner-checked), with one line naming key, task id and why; a
+    dry run before it frees nothing."""
     key = buy_key(prefix, ["sku-9"])
-    hold(client, key, "dead-task")
+    hold_of_a_dead_process(redis_server.url, key, "dead-task")
     dry = run("reap", "--dry-run", "--watch", "0.3")
     assert dry.returncode == 0, dry.stderr
     assert f"would free {key} task dead-task: not renewed while watched" in dry.stdout
@@ -29,6 +58,21 @@ def test_a_hold_nobody_renews_or_runs_is_reaped(run: Run, client: redis.Redis, p
     assert done.returncode == 0, done.stderr
     assert f"freed {key} task dead-task" in done.stdout
     assert client.get(key) is None
+
+
+def test_a_hold_of_a_host_reap_cannot_see_is_unproven(
+    run: Run, client: redis.Redis, prefix: str
+) -> None:
+    """The same hold by a process on another host, with no worker answering: its run may go
+    on in a worker that cannot answer, so it is reported unproven and left alone."""
+    key = buy_key(prefix, ["sku-far"])
+    hold(client, key, "far-task")
+    done = run("reap", "--watch", "0.3")
+    assert done.returncode == 0, done.stderr
+    assert f"unproven {key} task far-task: watched" in done.stdout, done.stdout
+    assert "no worker answered inspect" in done.stdout
+    assert "nothing to reap (1 unproven)" in done.stdout
+    assert client.get(key) is not None
 
 
 def test_a_renewed_hold_is_never_reaped(run: Run, client: redis.Redis, prefix: str) -> None:

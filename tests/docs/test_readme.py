@@ -30,8 +30,8 @@ from celery._state import _on_app_finalizers, _set_current_app, get_current_app
 import celery_singleton_lock.integration  # noqa: F401
 from celery_singleton_lock.config import read_settings
 from celery_singleton_lock.keys import task_lock_key
-from celery_singleton_lock.options import Settings, reference_markdown
-from celery_singleton_lock.testing import RedisServer
+from celery_singleton_lock.options import Settings, reference_markdown, setting_fields
+from celery_singleton_lock.testing import CeleryWorker, RedisServer
 
 ROOT = Path(__file__).resolve().parents[2]
 DOCUMENTS = ("README.md", *sorted(f"docs/{page.name}" for page in (ROOT / "docs").glob("*.md")))
@@ -207,19 +207,10 @@ def test_the_all_settings_block_spells_out_the_defaults(redis_url: str) -> None:
     app = run_block(block)["app"]
     documented = read_settings(app.conf)
     defaults = Settings()
-    for name in (
-        "prefix",
-        "timeout",
-        "on_conflict",
-        "scope",
-        "renew",
-        "wait",
-        "retry_delay",
-        "fail_open",
-        "scripting",
-        "replicas",
-    ):
-        assert getattr(documented, name) == getattr(defaults, name), name
+    for row in setting_fields():
+        if row.name in ("url", "tasks"):
+            continue  # the example's own Redis, and an example of globs
+        assert getattr(documented, row.name) == getattr(defaults, row.name), row.name
 
 
 def test_the_readme_key_example_is_a_real_key() -> None:
@@ -320,19 +311,57 @@ def test_quick_start_passes_mypy_strict(tmp_path: Path) -> None:
 
 def test_quick_start_works_called_directly_and_eagerly(redis_url: str) -> None:
     """Called as a plain function (no lock, no current_lock()) and under
-    task_always_eager (through the lock, with a fencing token)."""
+    task_always_eager (through the lock, with a fencing token); the stock is in Redis."""
     namespace = run_block(_quick_start())
-    app, buy, stock = namespace["app"], namespace["buy"], namespace["stock"]
-    assert buy("sku-42", 1) == 0  # a plain call: no lock, so no fencing token
-    app.conf.task_always_eager = True
-    previous = get_current_app()
+    app, buy = namespace["app"], namespace["buy"]
+    store = redis.Redis.from_url(redis_url)
     try:
-        token = buy.delay("sku-42", 2).get(timeout=10)
+        store.set("stock:sku-42", 2)
+        assert buy("sku-42", 1) == 0  # a plain call: no lock, so no fencing token
+        app.conf.task_always_eager = True
+        previous = get_current_app()
+        try:
+            token = buy.delay("sku-42", 2).get(timeout=10)
+            sold_out = buy.delay("sku-42", 3).get(timeout=10)
+        finally:
+            _set_current_app(previous)
+        assert isinstance(token, int)
+        assert token > 0
+        assert sold_out is None
+        assert int(store.get("stock:sku-42") or 0) == 0
     finally:
-        _set_current_app(previous)
-    assert isinstance(token, int)
-    assert token > 0
-    assert stock["sku-42"] == 1
+        store.delete("stock:sku-42")
+        store.close()
+        namespace["store"].close()
+
+
+@pytest.mark.slow
+def test_quick_start_never_oversells_on_real_workers(redis_url: str, tmp_path: Path) -> None:
+    """The quick start as a module, run by a real ``celery worker`` with two pool
+    processes: six purchases of a stock of three sell exactly three, each with its own
+    fencing token, and ``.get()`` returns every result (the README says so)."""
+    (tmp_path / "shop.py").write_text(_quick_start().code, encoding="utf-8")
+    namespace = run_block(_quick_start())
+    app, store = namespace["app"], namespace["store"]
+    app.conf.task_default_queue = f"quick-start-{tmp_path.name}"
+    store.set("stock:sku-42", 3)
+    worker = CeleryWorker(
+        "shop", concurrency=2, cwd=tmp_path, log_path=tmp_path / "worker.log",
+        env={"REDIS_URL": redis_url, "PYTHONPATH": str(tmp_path)},
+        extra_args=["--queues", app.conf.task_default_queue],
+    )  # fmt: skip
+    try:
+        with worker:
+            # The worker imports the module as "shop": send by that name.
+            results = [app.send_task("shop.buy", args=("sku-42", user)) for user in range(6)]
+            sold = [result.get(timeout=60) for result in results]
+        tokens = [token for token in sold if token is not None]
+        assert len(tokens) == 3, sold
+        assert len(set(tokens)) == 3
+        assert int(store.get("stock:sku-42") or 0) == 0
+    finally:
+        store.delete("stock:sku-42")
+        store.close()
 
 
 def test_configuration_page_matches_the_option_table() -> None:

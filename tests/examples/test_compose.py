@@ -4,7 +4,14 @@ local process pointed at private redis-servers instead of the compose hostnames.
 No Docker engine runs here, so the translation is what a container would do: the image's
 WORKDIR (the repo root) as working directory and on PYTHONPATH, ``celery`` and ``python`` as
 this interpreter, every URL naming a compose service rewritten to that service's private
-server on loopback, and a path under ``/tmp`` moved into the test's own directory.
+server on loopback, a path under ``/tmp`` (in an argument or the environment) moved into the
+test's own directory, and a port a service serves on (``*_METRICS_PORT``) moved to a free one.
+
+The monitoring services (official Prometheus and Grafana images) cannot run here: their
+files are checked against each other instead (what Prometheus scrapes is what the worker
+services serve, Grafana's datasource is the prometheus service, its dashboards are mounted),
+and Prometheus's job is done by hand: the worker services it scrapes run, take orders, and
+their ``/metrics`` is scraped at the targets ``examples/prometheus/prometheus.yml`` names.
 """
 
 from __future__ import annotations
@@ -16,6 +23,7 @@ import re
 import subprocess
 import sys
 import time
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -24,8 +32,9 @@ from urllib.parse import urlsplit
 import pytest
 import redis
 import yaml  # type: ignore[import-untyped,unused-ignore]  # no stubs in the test extra
+from prometheus_client.parser import text_string_to_metric_families
 
-from celery_singleton_lock.testing import CeleryProcess, RedisServer
+from celery_singleton_lock.testing import CeleryProcess, RedisServer, free_port
 from tests.examples.conftest import ROOT
 
 Services = dict[str, dict[str, Any]]
@@ -45,6 +54,20 @@ def services() -> Services:
 def is_redis(service: dict[str, Any]) -> bool:
     """A service that is a Redis server (an official image, not built here)."""
     return "build" not in service and str(service.get("image", "")).startswith("redis")
+
+
+#: The official images of the monitoring services, by role.
+MONITORING_IMAGES = {"prometheus": "prom/prometheus:", "grafana": "grafana/grafana:"}
+
+
+def monitoring_role(service: dict[str, Any]) -> str | None:
+    """``prometheus`` or ``grafana`` for a service of that official image, else None."""
+    image = str(service.get("image", ""))
+    if "build" in service:
+        return None
+    return next(
+        (role for role, prefix in MONITORING_IMAGES.items() if image.startswith(prefix)), None
+    )
 
 
 def celery_role(service: dict[str, Any]) -> str | None:
@@ -89,9 +112,13 @@ def listening_port(service: dict[str, Any]) -> int:
 # -- running a service locally -------------------------------------------------------------
 
 
-def local_env(service: dict[str, Any], servers: dict[str, RedisServer]) -> dict[str, str]:
+def local_env(
+    service: dict[str, Any], servers: dict[str, RedisServer], tmp: Path | None = None
+) -> dict[str, str]:
     """The service's environment with every ``scheme://<service>:port`` URL pointed at that
-    service's private server, and the repo (the image's WORKDIR) on PYTHONPATH."""
+    service's private server, a ``/tmp/...`` path moved under ``tmp``, a ``*_METRICS_PORT``
+    moved to a free port (so that parallel tests never share one), and the repo (the
+    image's WORKDIR) on PYTHONPATH."""
     env = {}
     for key, value in (service.get("environment") or {}).items():
         text = str(value)
@@ -99,6 +126,10 @@ def local_env(service: dict[str, Any], servers: dict[str, RedisServer]) -> dict[
         if parts.hostname in servers:
             server = servers[parts.hostname]
             text = parts._replace(netloc=f"127.0.0.1:{server.port}").geturl()
+        elif tmp is not None and text.startswith("/tmp/"):
+            text = str(tmp / Path(text).name)
+        elif key.endswith("_METRICS_PORT"):
+            text = str(free_port())
         env[key] = text
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
     return env
@@ -115,7 +146,7 @@ def start_celery(
     """Start a celery service's command as a local process group; return it once ready."""
     role = celery_role(service)
     process = CeleryProcess(
-        local_args(service["command"][1:], tmp), env=local_env(service, servers), cwd=ROOT,
+        local_args(service["command"][1:], tmp), env=local_env(service, servers, tmp), cwd=ROOT,
         ready_marker=" ready." if role == "worker" else "beat: Starting", ready_timeout=60,
         name=name,
     )  # fmt: skip
@@ -151,7 +182,7 @@ def run_python(
     assert command[0] == "python", command
     return subprocess.run(
         [sys.executable, *local_args(command[1:], tmp)], cwd=ROOT,
-        env={**os.environ, **local_env(service, servers)}, capture_output=True, text=True,
+        env={**os.environ, **local_env(service, servers, tmp)}, capture_output=True, text=True,
         timeout=timeout, check=False,
     )  # fmt: skip
 
@@ -163,8 +194,8 @@ def test_every_service_has_an_image_that_exists(services: Services) -> None:
     """Each service is an official Redis image or is built from a context of this repo whose
     Dockerfile copies only paths that exist, and those include every module its command runs."""
     for name, service in services.items():
-        if is_redis(service):
-            continue
+        if is_redis(service) or monitoring_role(service):
+            continue  # official images (the monitoring ones: see the tests below)
         assert "build" in service, f"{name}: neither a Redis image nor built here"
         context = ROOT / service["build"]
         dockerfile = context / "Dockerfile"
@@ -200,11 +231,14 @@ def test_services_wait_for_the_redis_they_use(services: Services) -> None:
 
 
 def test_every_app_service_is_run_below(services: Services) -> None:
-    """Each service other than Redis is a celery worker or beat, or the demo: the tests
-    below run all of them (a service added later must be run by a test too)."""
+    """Each service other than Redis is a celery worker or beat, the demo, or a monitoring
+    service: the tests below run (or, for the monitoring images, check) all of them (a
+    service added later must be run by a test too)."""
     for name, service in services.items():
         if not is_redis(service):
-            assert celery_role(service) or name == "demo", f"{name}: not run by any test"
+            assert celery_role(service) or name == "demo" or monitoring_role(service), (
+                f"{name}: not run by any test"
+            )
 
 
 # -- the services at work ----------------------------------------------------------------
@@ -271,3 +305,153 @@ def test_beat_and_its_worker_services_run_the_job_one_at_a_time(
             assert ended >= 2, (key, kinds, started[beat].tail())
             assert kinds[: 2 * ended] == ["start", "end"] * ended, (key, kinds)  # no overlap
             assert ticks > kinds.count("start"), (ticks, key, kinds)  # ticks were dropped
+
+
+# -- the monitoring services ------------------------------------------------------------------
+
+
+def mounts(service: dict[str, Any]) -> dict[str, Path]:
+    """The service's bind mounts of this repo: container path -> the repo path mounted."""
+    found = {}
+    for volume in service.get("volumes") or []:
+        source, target, *_ = str(volume).split(":")
+        assert source.startswith("./"), f"{volume}: not a path of the repo"
+        found[target] = ROOT / source
+    return found
+
+
+def in_container(service: dict[str, Any], path: str) -> Path | None:
+    """The repo file that ``path`` is inside the service's container, if it is mounted."""
+    for target, source in mounts(service).items():
+        if path == target or path.startswith(target.rstrip("/") + "/"):
+            return source / path[len(target) :].lstrip("/")
+    return None
+
+
+def flag(command: list[str], name: str) -> str | None:
+    """The value of ``--name=value`` in ``command``."""
+    return next((arg.split("=", 1)[1] for arg in command if arg.startswith(f"--{name}=")), None)
+
+
+def one_service(services: Services, role: str) -> tuple[str, dict[str, Any]]:
+    (found,) = [(n, s) for n, s in services.items() if monitoring_role(s) == role]
+    return found
+
+
+def scrape_targets(services: Services) -> list[tuple[str, int]]:
+    """``(compose service, port)`` of every target the prometheus service's config scrapes
+    (static targets, and DNS service discovery of compose service names)."""
+    _, prometheus = one_service(services, "prometheus")
+    config_path = in_container(prometheus, flag(prometheus["command"], "config.file") or "")
+    assert config_path is not None, "prometheus's config file is not mounted"
+    assert config_path.is_file(), f"{config_path} is missing"
+    config = yaml.safe_load(config_path.read_text())
+    targets = []
+    for job in config["scrape_configs"]:
+        for static in job.get("static_configs") or []:
+            for target in static["targets"]:
+                host, port = target.rsplit(":", 1)
+                targets.append((host, int(port)))
+        for dns in job.get("dns_sd_configs") or []:
+            assert dns.get("type", "SRV") == "A", "only A records name compose services"
+            targets += [(name, int(dns["port"])) for name in dns["names"]]
+    return targets
+
+
+def test_monitoring_services_are_wired_to_each_other(services: Services) -> None:
+    """Prometheus and Grafana run pinned official images with files of this repo mounted;
+    Prometheus scrapes worker services on the port each serves its metrics on; Grafana's
+    datasource is the prometheus service on the port it listens on, it waits for it to be
+    healthy, and its provisioned dashboards (and the home dashboard) are mounted."""
+    names = set(services)
+    for name, service in services.items():
+        if monitoring_role(service):
+            tag = str(service["image"]).rsplit(":", 1)[1]
+            assert tag not in ("", "latest"), f"{name}: pin the image's version"
+            for target, source in mounts(service).items():
+                assert source.exists(), f"{name}: mounts missing {source} at {target}"
+    prometheus_name, prometheus = one_service(services, "prometheus")
+    targets = scrape_targets(services)
+    assert targets
+    for host, port in targets:
+        assert host in names, f"prometheus scrapes {host}, not a service"
+        worker = services[host]
+        assert celery_role(worker) == "worker", f"prometheus scrapes {host}, not a worker"
+        served = {
+            int(value)
+            for key, value in (worker.get("environment") or {}).items()
+            if key.endswith("_METRICS_PORT")
+        }
+        assert served == {port}, f"{host} serves its metrics on {served}, scraped on {port}"
+        assert worker["environment"].get("PROMETHEUS_MULTIPROC_DIR"), f"{host}: prefork, no dir"
+        assert host in (prometheus.get("depends_on") or {}), f"prometheus does not start {host}"
+    listen = flag(prometheus["command"], "web.listen-address") or ":9090"
+    prometheus_port = int(listen.rsplit(":", 1)[1])
+    assert prometheus.get("healthcheck"), "prometheus has no healthcheck"
+
+    grafana_name, grafana = one_service(services, "grafana")
+    depends = grafana.get("depends_on") or {}
+    assert depends[prometheus_name]["condition"] == "service_healthy", grafana_name
+    provisioning = in_container(grafana, "/etc/grafana/provisioning")
+    assert provisioning is not None, "no provisioning mounted"
+    assert provisioning.is_dir(), f"{provisioning} is missing"
+    sources = [
+        source
+        for path in sorted((provisioning / "datasources").glob("*.yml"))
+        for source in yaml.safe_load(path.read_text())["datasources"]
+    ]
+    (datasource,) = [source for source in sources if source["type"] == "prometheus"]
+    url = urlsplit(datasource["url"])
+    assert (url.hostname, url.port) == (prometheus_name, prometheus_port), datasource
+    dashboards = [
+        in_container(grafana, provider["options"]["path"])
+        for path in sorted((provisioning / "dashboards").glob("*.yml"))
+        for provider in yaml.safe_load(path.read_text())["providers"]
+    ]
+    assert dashboards, "no dashboard provider"
+    for folder in dashboards:
+        assert folder is not None, "a dashboard provider's path is not mounted"
+        assert list(folder.glob("*.json")), f"no dashboard in {folder}"
+    home = grafana["environment"].get("GF_DASHBOARDS_DEFAULT_HOME_DASHBOARD_PATH")
+    if home:
+        found = in_container(grafana, home)
+        assert found is not None, f"the home dashboard {home} is not mounted"
+        assert found.is_file(), f"the home dashboard {found} is missing"
+
+
+def test_prometheus_targets_serve_the_lock_metrics(services: Services, tmp_path: Path) -> None:
+    """Prometheus's job, by hand: the worker services it scrapes run as compose runs them
+    (metrics port and multiprocess directory from their environment), orders go through the
+    locked checkout, and each target's ``/metrics`` counts every run of every pool process:
+    one acquisition, one wait and one hold per order."""
+    orders = 24
+    workers = sorted({host for host, _ in scrape_targets(services)})
+    with compose_up(workers, services, tmp_path) as (servers, started):
+        producer = {
+            **services["demo"],
+            "command": [
+                "python", "-m", "examples.flash_sale.producer",
+                "--orders", str(orders), "--stock", "5", "--skus", "2",
+            ],
+        }  # fmt: skip
+        done = run_python(producer, servers, tmp_path, timeout=120)
+        assert done.returncode == 0, done.stdout + done.stderr
+        texts = {}
+        for name in workers:
+            port = next(
+                value for key, value in started[name].env.items() if key.endswith("_METRICS_PORT")
+            )
+            url = f"http://127.0.0.1:{port}/metrics"
+            with urllib.request.urlopen(url, timeout=10) as reply:
+                texts[name] = reply.read().decode()
+    samples: dict[tuple[str, tuple[tuple[str, str], ...]], float] = {}
+    for text in texts.values():
+        for family in text_string_to_metric_families(text):
+            for sample in family.samples:
+                key = (sample.name, tuple(sorted(sample.labels.items())))
+                samples[key] = samples.get(key, 0.0) + sample.value
+    buy = (("task", "examples.flash_sale.tasks.buy"),)
+    prefix = "celery_singleton_lock"
+    assert samples.get((f"{prefix}_acquired_total", (("scope", "run"), *buy))) == orders, texts
+    assert samples.get((f"{prefix}_wait_seconds_count", buy)) == orders, texts
+    assert samples.get((f"{prefix}_held_seconds_count", buy)) == orders, texts

@@ -23,7 +23,7 @@ import redis
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from celery_singleton_lock import LockError, RedisLock
+from celery_singleton_lock import LockBackendError, LockError, RedisLock
 from celery_singleton_lock.engine.keyspace import companion_key
 from celery_singleton_lock.testing import RedisServer
 
@@ -172,8 +172,9 @@ def test_classic_timestamps_are_honoured_or_taken_over(
     server: RedisServer, scripting: bool
 ) -> None:
     """A plain Unix timestamp (seconds or milliseconds, as classic SETNX lockers write)
-    ahead of the server clock is held; one in the past, a negative one, and a number too
-    big to be a timestamp without a TTL are taken over."""
+    ahead of the server clock is held and one in the past is taken over; a negative one
+    and a number too big to be a timestamp, without a TTL, are outside the grammar: the
+    acquire raises and leaves them as they are."""
     client = redis.Redis(port=server.port, socket_timeout=5)
 
     @FUZZ
@@ -196,6 +197,12 @@ def test_classic_timestamps_are_honoured_or_taken_over(
             held = offset > 0
         client.set(name, value)
         lock = RedisLock(client, name, timeout=5, scripting=scripting, fallback_poll=0.1)
+        if odd is not None:  # outside the grammar, no TTL: never overwritten silently
+            with pytest.raises(LockBackendError, match="never overwritten silently"):
+                lock.acquire(blocking=False)
+            assert client.get(name) == value.encode()
+            client.delete(name)
+            return
         assert lock.acquire(blocking=False) is (not held), value
         if held:
             assert lock.locked()

@@ -68,7 +68,9 @@ def test_follow_takes_follows_then_adopts(client: redis.Redis, key: str) -> None
     assert atomic.follow(client, key, _pending("t1")) == atomic.Followed("take", None)
     holder = _holder(client, key, "h", queued=False)
     assert atomic.follow(client, key, _pending("t1")) == atomic.Followed("follow", "t1")
-    assert atomic.follow(client, key, _pending("t2", b"[[2], {}]")) == ("follow", "t1")
+    assert atomic.follow(client, key, _pending("t2", b"[[2], {}]")) == atomic.Followed(
+        "follow", "t1"
+    )
     pending = client.hgetall(companion_key(key, PENDING))
     assert (pending[b"id"], pending[b"token"], pending[b"body"]) == (b"t1", b"q-t1", b"[[2], {}]")
     holder.release()
@@ -81,10 +83,11 @@ def test_replace_supersedes_a_queued_holder_and_follows_a_running_one(
 ) -> None:
     """A queued holder is superseded: the key is the new call's (a larger fencing token) and
     the old task id is marked. A running holder gets the call as its follow-up, or, with
-    ``running``, is taken over to be revoked. A free key: take."""
-    assert atomic.replace(client, key, _pending("n0"), running=False, lease_ms=30_000) == (
-        "take", None,
-    )  # fmt: skip
+    ``running``, is named to be revoked while the call becomes its follow-up (the key is
+    not taken from a running holder). A free key: take."""
+    assert atomic.replace(
+        client, key, _pending("n0"), running=False, lease_ms=30_000
+    ) == atomic.Followed("take", None)
     queued = _holder(client, key, "old", queued=True)
     old_fence = queued.fencing_token or 0
     found = atomic.replace(client, key, _pending("n1"), running=False, lease_ms=30_000)
@@ -98,14 +101,15 @@ def test_replace_supersedes_a_queued_holder_and_follows_a_running_one(
     client.delete(key)
 
     running = _holder(client, key, "run", queued=False)
-    assert atomic.replace(client, key, _pending("n2"), running=False, lease_ms=30_000) == (
-        "follow", "n2",
-    )  # fmt: skip
+    assert atomic.replace(
+        client, key, _pending("n2"), running=False, lease_ms=30_000
+    ) == atomic.Followed("follow", "n2", "run")
     client.delete(companion_key(key, PENDING))
-    assert atomic.replace(client, key, _pending("n3"), running=True, lease_ms=30_000) == (
-        "revoke", "run",
-    )  # fmt: skip
-    assert parse_value(client.get(key) or b"").token == "q-n3"
+    assert atomic.replace(
+        client, key, _pending("n3"), running=True, lease_ms=30_000
+    ) == atomic.Followed("revoke", "n3", "run")
+    assert parse_value(client.get(key) or b"").token == running.token  # still the holder's
+    assert client.hget(companion_key(key, PENDING), "id") == b"n3"
     running.detach()
 
 
@@ -116,7 +120,9 @@ def test_hand_over_gives_the_lock_to_the_follow_up_or_releases_it(
     token (a new fencing token) and the call comes back, record written. Without a hold or
     not owned: 0, nothing changed. Not detached."""
     holder = _holder(client, key, "h", queued=False)
-    assert atomic.follow(client, key, _pending("f", b"\x00binary")) == ("follow", "f")
+    assert atomic.follow(client, key, _pending("f", b"\x00binary")) == atomic.Followed(
+        "follow", "f"
+    )
     assert atomic.hand_over(RedisLock(client, key, timeout=5), 30_000) == 0  # no hold
     stranger = RedisLock(client, key, timeout=5, token="stranger")
     assert atomic.hand_over(stranger, 30_000) == 0  # not the owner
@@ -148,7 +154,7 @@ def test_hand_over_without_a_follow_up_releases_in_the_same_step(
     assert atomic.hand_over(holder, 30_000, (record, "h", 10_000)) == 1
     assert not client.exists(key)
     assert client.zscore(record, "h") is not None
-    assert atomic.follow(client, key, _pending("late")) == ("take", None)
+    assert atomic.follow(client, key, _pending("late")) == atomic.Followed("take", None)
     assert not client.exists(companion_key(key, PENDING))
     holder.detach()
 

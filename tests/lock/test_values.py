@@ -56,14 +56,18 @@ def test_garbage_value_with_ttl_is_held_until_it_expires(
     assert lock.acquire(timeout=3)
 
 
-def test_garbage_value_without_ttl_is_abandoned(
+def test_garbage_value_without_ttl_is_never_overwritten(
     make_lock: Any, client: redis.Redis, key: str
 ) -> None:
-    """A value in no known format and with no TTL would block forever: it is taken over."""
+    """A value in no known format and with no TTL is not ours to take (issue 22.10): the
+    acquire raises a LockError naming the key, and the value stays as it was."""
     client.set(key, "hello: world")
     lock = make_lock()
     assert not lock.locked()
-    assert lock.acquire(blocking=False)
+    with pytest.raises(LockBackendError, match=f"never overwritten silently.*{key}"):
+        lock.acquire(blocking=False)
+    assert client.get(key) == b"hello: world"
+    assert client.ttl(key) == -1
 
 
 def test_wrong_key_type_raises_a_clear_error(make_lock: Any, client: redis.Redis, key: str) -> None:

@@ -51,7 +51,7 @@ def test_the_bound_is_365_days_the_engines_and_inside_the_value_grammar() -> Non
     whose window is one of N/s, N/m, N/h, is inside it already."""
     assert MAX_DURATION == constants.MAX_DURATION == 31_536_000
     assert dt.timedelta(seconds=MAX_DURATION) == dt.timedelta(days=365)
-    year_9999_ms = int(dt.datetime(9999, 12, 31, tzinfo=dt.UTC).timestamp() * 1000)
+    year_9999_ms = int(dt.datetime(9999, 12, 31, tzinfo=dt.timezone.utc).timestamp() * 1000)
     lease_ms = MAX_DURATION * 1000
     grace_ms = constants.GRACE_BASE_MS + lease_ms // constants.GRACE_FRACTION
     assert year_9999_ms + lease_ms + grace_ms < MAX_EXACT

@@ -74,4 +74,4 @@ def test_every_rule_is_checked_once() -> None:
     """The combination rules of the options and of every mode, each once."""
     messages = [rule.message for rule in COMBINATIONS]
     assert len(messages) == len(set(messages))
-    assert len(COMBINATIONS) == 13
+    assert len(COMBINATIONS) == 15

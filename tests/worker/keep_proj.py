@@ -120,3 +120,41 @@ def held_slots(name: str, value: int, seconds: float = 0.0) -> int:
 def paced(name: str, index: int) -> int:
     """One at a time, at most 4 starts a second, retrying when busy or throttled."""
     return record(name, index, 0.02)  # type: ignore[no-any-return]
+
+
+@app.task(base=LockedTask, lock_keys=["name"], lock_scope="queue")
+def queued_job(name: str, value: int = 0) -> int:
+    """Queue scope: a duplicate call while one is queued or running publishes nothing."""
+    return record(name, value)  # type: ignore[no-any-return]
+
+
+@app.task
+def after(value: Any) -> str:
+    """What a canvas runs next."""
+    data().rpush("after", str(value))
+    return "after"
+
+
+@app.task(base=LockedTask, lock_keys=["name"], lock_timeout=30.0)
+def plain_job(name: str, value: int = 0) -> int:
+    """Run scope, skip."""
+    return record(name, value)  # type: ignore[no-any-return]
+
+
+@app.task(base=LockedTask, lock_timeout=30.0)
+def killable(name: str, seconds: float) -> str:
+    """Run scope keyed on every argument by default; records its pid, then sleeps."""
+    data().rpush(f"pids:{name}", os.getpid())
+    time.sleep(seconds)
+    return "ran"
+
+
+@app.task(base=LockedTask, bind=True, lock_keys=["name"], lock_scope="queue", lock_renew=False,
+          lock_timeout=1.0, max_retries=2)  # fmt: skip
+def outlives_its_lease(self: Any, name: str) -> str:
+    """Queue scope, no renewal: the first attempt outlives its 1 s lease, then retries."""
+    r = data()
+    if r.incr(f"attempts:{name}") == 1:
+        time.sleep(2.0)
+        raise self.retry(countdown=0.2)
+    return "second"

@@ -470,3 +470,16 @@ def retry_in_outage(self: Any, name: str) -> str:
             time.sleep(0.05)
         raise self.retry(countdown=0.5)
     return f"attempt {attempt}"
+
+
+@app.task(base=LockedTask, bind=True, lock_keys=["name"], autoretry_for=(ValueError,),
+          max_retries=2, default_retry_delay=0.2)  # fmt: skip
+def autoretried(self: Any, name: str) -> str:
+    """Fails twice with ValueError (autoretry, max_retries=2), succeeds the third time: the
+    lock's own retries (an outage) must not eat those two."""
+    r = data()
+    attempt = r.incr(f"attempts:{name}")
+    r.rpush(f"retries:{name}", self.request.retries)
+    if attempt < 3:
+        raise ValueError(f"attempt {attempt}")
+    return f"attempt {attempt}"

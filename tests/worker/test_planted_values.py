@@ -3,9 +3,11 @@
 Every Redis type, garbage with and without a TTL, classic timestamps ahead and behind,
 negative and oversized numbers, our own layout with a far-future lease or an exhausted
 fencing counter. A held value makes the run skip (or a bounded wait give up with
-TaskLocked); an abandoned one is taken over and the body runs; a value the lock cannot
-use makes the run fail closed with a clear error in the log (it never runs unlocked), the
-worker keeps serving other tasks, and the run goes through once the key is cleaned up.
+TaskLocked); an abandoned one of ours (or a classic timestamp in the past) is taken over
+and the body runs; a value the lock cannot use, or that it cannot have written and that has
+no TTL (never overwritten silently), makes the run fail closed with a clear error in the
+log (it never runs unlocked), the worker keeps serving other tasks, and the run goes
+through once the key is cleaned up.
 """
 
 from __future__ import annotations
@@ -39,11 +41,11 @@ PLANTS: dict[str, tuple[Plant, str]] = {
     "zset": (lambda r, k: r.zadd(k, {"x": 1}), "error"),
     "stream": (lambda r, k: r.xadd(k, {"f": "x"}), "error"),
     "garbage-with-ttl": (lambda r, k: r.set(k, b"\xff\x00{garbage", px=60_000), "held"),
-    "garbage-without-ttl": (lambda r, k: r.set(k, b"\xff\x00{garbage"), "ran"),
+    "garbage-without-ttl": (lambda r, k: r.set(k, b"\xff\x00{garbage"), "error"),
     "classic-ahead-s": (lambda r, k: r.set(k, str(_now_ms(r) // 1000 + 3600)), "held"),
     "classic-behind-ms": (lambda r, k: r.set(k, str(_now_ms(r) - 5000)), "ran"),
-    "negative": (lambda r, k: r.set(k, "-17"), "ran"),
-    "oversized-number": (lambda r, k: r.set(k, "9" * 30), "ran"),
+    "negative": (lambda r, k: r.set(k, "-17"), "error"),
+    "oversized-number": (lambda r, k: r.set(k, "9" * 30), "error"),
     "ours-far-future": (lambda r, k: r.set(k, f"{_now_ms(r) + 10**9}:0:tok:5:{{}}"), "held"),
     "ours-fence-exhausted": (
         lambda r, k: r.set(k, f"{_now_ms(r) - 1000}:0:tok:{2**53 - 1}:{{}}"),

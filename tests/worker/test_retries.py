@@ -116,3 +116,26 @@ def test_run_scope_retry_is_not_skipped_as_a_duplicate(
     assert other.get(timeout=30) == "held"
     assert retried.get(timeout=30) == "attempt 2"
     assert data.get("overlaps:rh") is None
+
+
+def test_the_locks_own_retries_leave_the_tasks_budget_alone(
+    proj: ModuleType, data: redis.Redis, workers: Any
+) -> None:
+    """Issue 22.1: autoretry_for=(ValueError,), max_retries=2, and a lock Redis outage of
+    several seconds before the first attempt: the outage retries do not count, so the body
+    still gets its three attempts (it used to fail after one), request.retries counts only
+    the task's own retries, and a later message gets its full budget too."""
+    server = RedisServer().start()
+    port = server.port
+    try:
+        workers(concurrency=1, extra_env={"CSL_LOCK_URL": server.url})
+        server.stop()
+        first = proj.autoretried.delay("budget")
+        time.sleep(7)  # outage retries, about every 5 s
+        assert data.get("attempts:budget") is None  # never ran unlocked
+        server = RedisServer(port=port).start()
+        assert first.get(timeout=60) == "attempt 3"
+        assert data.lrange("retries:budget", 0, -1) == ["0", "1", "2"]
+        assert proj.autoretried.delay("budget-2").get(timeout=60) == "attempt 3"
+    finally:
+        server.stop()

@@ -35,8 +35,11 @@ if current then
   if owner == ARGV[1] or (ARGV[6] and owner == ARGV[6]) then
     fence = old_fence  -- our own hold (perhaps handed to us), or the one we claim: keep it
   elseif held_until == nil then
+    -- A foreign value (not ours, not a classic timestamp): held while it has a TTL, and
+    -- never overwritten silently when it has none.
     local left = redis.call('PTTL', KEYS[1])
     if left > 0 then return {0, left} end
+    return redis.error_reply('${FOREIGN_VALUE}' .. KEYS[1])
   elseif held_until > now then
     if ARGV[4] ~= 'x' then
       -- Queueing is best effort at maxmemory (the server refuses these writes; the waiter

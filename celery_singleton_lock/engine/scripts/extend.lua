@@ -1,10 +1,13 @@
 -- EXTEND: owner-checked new lease end, from the server's now.
 -- KEYS[1] lock key (or the slot held)
--- ARGV[1] owner token, ARGV[2] new lease ms (from server now)
+-- ARGV[1] owner token, ARGV[2] new lease ms (from server now), ARGV[3] (optional, any
+-- value) the lock has slots: the slot index follows (lib/slots.lua: only an index that
+-- exists is written, so it is harmless on a lock without slots)
 -- returns the new expiry ms, or 0 when not owned (nothing done)
 --@include clock
 --@include lease
 --@include owner
+--@include slots
 local current = redis.call('GET', KEYS[1])
 if not current then return 0 end
 local flag, fence, info = owned(current, ARGV[1])
@@ -18,4 +21,5 @@ local ttl = key_ttl(lease)
 -- writes that grow memory (the same value length: the SET does not grow it).
 redis.call('PEXPIRE', KEYS[1], ttl)
 redis.call('SET', KEYS[1], format_value(expiry, flag, ARGV[1], fence, info), 'PX', ttl)
+if ARGV[3] then index_extended(KEYS[1], expiry, ttl) end
 return expiry

@@ -3,11 +3,14 @@
 --@include owner
 --@include base
 --@include finished
+--@include slots
 -- release(lock or slot key, waiters' queue key, owner token, slots, done key, task id,
 -- keep ms) -> 0 not owned (nothing done), 1 released, 2 released and waiters signalled, 3
 -- handed over to the first live waiter. Owner-checked; with slots > 1 the highest token
--- issued across slots is kept in <base>${K_FENCE}. With a done key (optional), the task id
--- is recorded as finished in the same step (lib/finished.lua).
+-- issued across slots is kept in <base>${K_FENCE}, the slot index follows (lib/slots.lua),
+-- and any waiter is served whatever the flag (ACQUIRE_SLOTS flags no slot: that would
+-- mean writing all N). With a done key (optional), the task id is recorded as finished in
+-- the same step (lib/finished.lua).
 local function release(key, queue, token, slots, done_key, task_id, keep)
   local current = redis.call('GET', key)
   if not current then return 0 end
@@ -16,20 +19,27 @@ local function release(key, queue, token, slots, done_key, task_id, keep)
   local function done()
     if done_key then finished(done_key, task_id, keep) end
   end
-  if flag == '0' then
-    redis.call('DEL', key)
+  -- key may be a slot: the companions' base comes from the queue key
+  local b = base_of(queue, '${K_QUEUE}')
+  local slot = nil
+  if slots ~= '1' then
+    local of, number = slot_of(key)
+    slot = of == b and number or 1  -- else key is this lock's own (a name like a slot's)
+  end
+  if flag == '0' and (not slot or redis.call('ZCARD', queue) == 0) then
+    redis.call('DEL', key)  -- first: a write that never needs memory
+    if slot then index_free(b, slot) end
     done()
     return 1
   end
-  -- key may be a slot: the companions' base comes from the queue key
-  local b = base_of(queue, '${K_QUEUE}')
   -- ZPOPMIN comes first: a write that never needs memory (see engine/scripts/__init__.py)
   for _ = 1, 16 do
     local waiter = redis.call('ZPOPMIN', queue)[1]
     if not waiter then break end
     local wants = redis.call('GET', b .. '${K_WAITER}' .. waiter)
     if wants then
-      local lease, info = string.match(wants, '^(%d+):(.*)$')
+      -- '<lease ms>:<holder info>', or from ACQUIRE_SLOTS '<lease ms>/<group>:<holder info>'
+      local lease, group, info = string.match(wants, '^(%d+)/?([^:]*):(.*)$')
       lease = tonumber(lease)
       local now, now_us = clock()
       local next_fence = math.max(now_us, tonumber(fence) + 1)
@@ -45,11 +55,13 @@ local function release(key, queue, token, slots, done_key, task_id, keep)
       local grant = b .. '${K_GRANT}' .. waiter
       redis.call('RPUSH', grant, next_fence .. ':' .. expiry .. ':' .. key)
       redis.call('PEXPIRE', grant, ${GRANT_TTL_MS})
+      if slot then index_held(b, slot, expiry, waiter, group, ttl, false) end
       done()
       return 3
     end
   end
   redis.call('DEL', key)  -- first: a write that never needs memory
+  if slot then index_free(b, slot) end
   done()
   redis.call('RPUSH', b .. '${K_SIGNAL}', '1')
   redis.call('PEXPIRE', b .. '${K_SIGNAL}', ${SIGNAL_TTL_MS})

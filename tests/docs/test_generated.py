@@ -1,0 +1,166 @@
+"""The generated parts of the docs are what the code generates today.
+
+``scripts/gen_docs.py`` (``make docs-gen``) writes every table that lists names the code
+defines (options and settings, signals, worker events, conflict policies, metrics, the
+columns of ``celery locks list``, the least-privilege ACL) and the transcripts of the real
+``celery locks`` command; each test here fails when a page differs from what it writes.
+Claims that sit in prose (which options are settings, every setting in the "all at once"
+block, the exit statuses) are checked against the code the same way.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import re
+import sys
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+from celery.platforms import EX_UNAVAILABLE
+
+from celery_singleton_lock import _observe
+from celery_singleton_lock.ops import cli
+from celery_singleton_lock.options import (
+    SETTING_PREFIX,
+    TASK_OPTION_PREFIX,
+    setting_names,
+    task_option_names,
+)
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _gen_docs() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("gen_docs", ROOT / "scripts" / "gen_docs.py")
+    assert spec is not None
+    assert spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up there
+    spec.loader.exec_module(module)
+    return module
+
+
+GEN = _gen_docs()
+
+
+@pytest.mark.parametrize("block", GEN.BLOCKS, ids=[f"{b.page}:{b.name}" for b in GEN.BLOCKS])
+def test_each_generated_block_is_what_the_code_generates(block: object) -> None:
+    """Run ``make docs-gen`` when this fails: the code changed, the page did not."""
+    assert GEN.current(block.page, block.name) == block.generate()  # type: ignore[attr-defined]
+
+
+@pytest.mark.slow
+def test_the_cli_transcripts_are_what_the_command_prints() -> None:
+    """The ``celery locks`` transcripts of docs/operations.md are what the real command
+    prints today (``tests/docs/cli_samples.py`` runs it against a redis-server of its own)."""
+    from tests.docs.cli_samples import produce  # noqa: PLC0415 - starts a redis-server
+
+    produced = produce()
+    page = (ROOT / GEN.SAMPLES_PAGE).read_text(encoding="utf-8")
+    assert set(produced) == set(re.findall(r"<!-- BEGIN GENERATED SAMPLE (\w+) -->", page))
+    for name, transcript in produced.items():
+        shown = GEN.current(GEN.SAMPLES_PAGE, f"SAMPLE {name}")
+        assert shown == GEN.sample_block(name, transcript), name
+
+
+def test_every_signal_documents_exactly_the_keywords_it_is_sent_with() -> None:
+    """Each signal's docstring (the source of its row) lists the keyword arguments that
+    the code passes when it sends it, no more, no fewer; and every public signal of
+    ``celery_singleton_lock.signals`` is in the table."""
+    from celery_singleton_lock import signals  # noqa: PLC0415
+
+    documented = _observe._signal_docs()
+    for name, doc, sent in documented:
+        assert sent, f"{name} is never sent"
+        assert _observe.documented_keywords(doc) == sent, name
+    public = {name for name in signals.__all__ if name.startswith("lock_")}
+    assert {name for name, _, _ in documented} == public
+
+
+def _task_only() -> list[str]:
+    """The options that are not also ``singleton_lock_*`` settings, in table order."""
+    settings = {name.removeprefix(SETTING_PREFIX) for name in setting_names()}
+    options = task_option_names()
+    return [name for name in options if name.removeprefix(TASK_OPTION_PREFIX) not in settings]
+
+
+def test_the_readme_names_the_options_that_are_not_settings() -> None:
+    """The README's sentence about worker-wide settings names exactly the task-only
+    options (those whose row in options.py has ``setting=False``)."""
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    found = re.search(r"Every option but (.*?)\s+can also be a worker-wide", readme, re.S)
+    assert found is not None
+    assert re.findall(r"`(lock_\w+)`", found.group(1)) == _task_only()
+
+
+def test_the_modes_page_says_which_mode_options_are_settings() -> None:
+    """docs/modes.md names the mode options that are also settings and those that are
+    not, as options.py has them."""
+    page = (ROOT / "docs" / "modes.md").read_text(encoding="utf-8")
+    found = re.search(
+        r"can also be app-wide settings:\s+(.*?)\.\s+(.*?)\s+are task options only", page, re.S
+    )
+    assert found is not None
+    settings = set(re.findall(r"`singleton_(lock_\w+)`", found.group(1)))
+    task_only = set(re.findall(r"`(lock_\w+)`", found.group(2)))
+    mode_options = settings | task_only
+    assert task_only == set(_task_only()) & mode_options
+    assert settings == {name.removeprefix("singleton_") for name in setting_names()} & mode_options
+    assert {"lock_limit", "lock_debounce", "lock_rate_limit", "lock_release"} <= mode_options
+
+
+@pytest.mark.parametrize("option", _task_only())
+def test_a_task_only_option_as_a_setting_says_so(option: str) -> None:
+    """``singleton_lock_rate_limit`` and the like are refused with a message that names the
+    task option (not a "did you mean" pointing at another setting)."""
+    from celery.exceptions import ImproperlyConfigured  # noqa: PLC0415
+
+    from celery_singleton_lock.config import read_settings  # noqa: PLC0415
+
+    setting = SETTING_PREFIX + option.removeprefix(TASK_OPTION_PREFIX)
+    for spelled in (setting, "CELERY_" + setting.upper()):
+        with pytest.raises(ImproperlyConfigured) as info:
+            read_settings({spelled: 1})
+        message = str(info.value)
+        assert message.startswith(f"{spelled}: unknown setting"), message
+        assert f"{option} is a task option only" in message
+        assert "did you mean" not in message
+
+
+def test_the_all_settings_block_sets_every_setting() -> None:
+    """docs/configuration.md's "all settings at once" block sets each setting of
+    ``options.setting_names()``, in table order."""
+    page = (ROOT / "docs" / "configuration.md").read_text(encoding="utf-8")
+    block = page[page.index("All settings at once") :]
+    block = block[: block.index("```\n", block.index("```python") + 3)]
+    assert re.findall(r"^    (singleton_lock_\w+)=", block, re.M) == list(setting_names())
+
+
+def test_the_documented_exit_statuses_are_the_cli_s() -> None:
+    """The exit status table of docs/operations.md has the codes the CLI uses."""
+    page = (ROOT / "docs" / "operations.md").read_text(encoding="utf-8")
+    table = page[page.index("## Exit status") :]
+    documented = {int(code) for code in re.findall(r"^\| (\d+) \|", table, re.M)}
+    assert documented == {0, 1, 2, EX_UNAVAILABLE, cli.EX_NOPERM, cli.EX_CONFIG}
+
+
+@pytest.mark.parametrize(("serializer", "same"), [("json", True), ("pickle", False)])
+def test_int_and_str_dict_keys_as_the_keys_page_says(serializer: str, same: bool) -> None:
+    """docs/keys.md: under JSON ``f({1: x})`` and ``f({"1": x})`` lock one key (the worker
+    receives the same call), under pickle two; ``canonical_json`` itself types dict keys."""
+    from celery import Celery  # noqa: PLC0415
+
+    from celery_singleton_lock import LockedTask  # noqa: PLC0415
+    from celery_singleton_lock.keys import canonical_json  # noqa: PLC0415
+
+    app = Celery("keys-page", set_as_current=False)
+    app.conf.task_serializer = serializer
+
+    @app.task(base=LockedTask, shared=False, name="keys.page")
+    def f(mapping: dict[object, str]) -> None: ...
+
+    assert (f.lock_key({1: "x"}) == f.lock_key({"1": "x"})) is same
+    assert canonical_json({1: "x"}) != canonical_json({"1": "x"})
+    page = (ROOT / "docs" / "keys.md").read_text(encoding="utf-8")
+    assert 'so `f({1: x})` and `f({"1": x})` are one key' in page

@@ -1,0 +1,300 @@
+"""The invariant checker's judgements on hand-made records: each violation kind is found
+where its definition says, and nothing is flagged for a run that kept every promise. No
+process is started here (the scenarios that run real workers are in test_invariants.py)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from tests.invariants.checker import check, saturated_seconds
+from tests.invariants.modes import HOLD
+from tests.invariants.records import (
+    BodyRun,
+    Call,
+    Exec,
+    FaultRecord,
+    Observation,
+    Outcome,
+    Publish,
+    Receipt,
+    SignalRecord,
+    WorkerInfo,
+)
+
+
+class Records:
+    """Builds an observation call by call."""
+
+    def __init__(self) -> None:
+        self.obs = Observation(seed=7, lease=8.0, visibility_timeout=12.0, ended=100.0,
+                               workers=[WorkerInfo("w1", "prefork", 2)])  # fmt: skip
+
+    def call(
+        self, mode: str, at: float, *, key: str = "k0", result: str | None = "", **more: Any
+    ) -> Call:
+        n = len(self.obs.calls)
+        own = f"id{n}"
+        rid = own if result == "" else result
+        item = Call(i=n, mode=mode, key=key, n=n, seconds=0.1, own_id=own, t_call=at,
+                    t_return=at + 0.01, result_id=rid, **more)  # fmt: skip
+        self.obs.calls.append(item)
+        return item
+
+    def body(
+        self, task_id: str, n: int, start: float, end: float | None, *, mode: str,
+        key: str = "k0", how: str = "ok", pid: int = 10,
+    ) -> BodyRun:  # fmt: skip
+        item = BodyRun(id=f"b{len(self.obs.bodies)}", task_id=task_id, mode=mode, key=key, n=n,
+                       pid=pid, worker="w1", start=start, end=end, how=how)  # fmt: skip
+        self.obs.bodies.append(item)
+        return item
+
+    def result(self, task_id: str, state: str = "SUCCESS", value: Any = None, **more: Any) -> None:
+        self.obs.outcomes[task_id] = Outcome(task_id, state, value, seen=50.0, **more)
+
+    def ran(self, call: Call, start: float, end: float, **more: Any) -> None:
+        """``call`` ran as itself."""
+        self.body(call.own_id, call.n, start, end, mode=call.mode, key=call.key, **more)
+        self.result(call.own_id, value=call.n)
+
+    def kinds(self, **flags: bool) -> list[str]:
+        verdict = check(self.obs)
+        return sorted(v.kind for v in verdict.violations
+                      if all(getattr(v, k) == want for k, want in flags.items()))  # fmt: skip
+
+
+def test_a_clean_run_has_no_violation() -> None:
+    r = Records()
+    first = r.call("run_skip", 1.0)
+    second = r.call("run_skip", 1.1)
+    r.ran(first, 1.2, 2.0)
+    r.result(second.own_id, value=None, skip_holder=first.own_id, skip_reason="held")
+    later = r.call("run_skip", 3.0)
+    r.ran(later, 3.1, 3.5)
+    verdict = check(r.obs)
+    assert verdict.violations == []
+    assert verdict.terminals == {0: "ran", 1: "skipped", 2: "ran"}
+
+
+def test_a_pending_id_is_lost_and_a_refused_call_is_reported() -> None:
+    r = Records()
+    r.call("coalesce", 1.0)
+    r.call("coalesce", 1.1, result=None, error="LockBackendError")
+    assert r.kinds() == ["lost"]
+    assert check(r.obs).terminals == {0: "lost", 1: "refused"}
+    r.call("run_retry", 2.0, result=None, error="LockBackendError")  # run scope never refuses
+    assert r.kinds() == ["lost", "not_allowed"]
+
+
+def test_a_follow_up_runs_the_latest_arguments() -> None:
+    r = Records()
+    holder = r.call("coalesce", 1.0)
+    r.ran(holder, 1.1, 2.0)
+    first = r.call("coalesce", 1.2)  # creates the follow-up under its own id
+    r.call("coalesce", 1.3, result=first.own_id)
+    last = r.call("coalesce", 1.4, result=first.own_id)
+    r.body(first.own_id, last.n, 2.1, 2.5, mode="coalesce")
+    r.result(first.own_id, value=last.n)
+    assert r.kinds() == []
+    assert check(r.obs).terminals == {0: "ran", 1: "coalesced", 2: "coalesced", 3: "coalesced"}
+    r.obs.bodies[-1].n = first.n
+    r.result(first.own_id, value=first.n)
+    assert r.kinds() == ["wrong_arguments"]
+
+
+def test_a_throttled_follow_up_that_failed_is_not_allowed() -> None:
+    r = Records()
+    call = r.call("coalesce_rate", 1.0)
+    r.result(call.own_id, "FAILURE", error="TaskThrottled", error_text="throttled")
+    assert r.kinds() == ["not_allowed"]
+
+
+def test_a_skip_needs_its_record_and_another_holder() -> None:
+    r = Records()
+    call = r.call("run_skip", 1.0)
+    r.result(call.own_id, value=None)
+    assert r.kinds() == ["skip_unreported"]
+    r.result(call.own_id, value=None, skip_holder=call.own_id, skip_reason="held")
+    assert r.kinds() == ["skipped_by_itself"]
+    r.result(call.own_id, value=None, skip_holder="other", skip_reason="held")
+    assert r.kinds() == []
+    debounced = r.call("debounce", 2.0)
+    r.result(debounced.own_id, value=None, skip_holder="other", skip_reason="held")
+    assert r.kinds() == ["not_allowed"]  # a burst is never skipped
+
+
+def test_superseded_calls_are_reported_and_never_run() -> None:
+    r = Records()
+    old = r.call("replace", 1.0)
+    new = r.call("replace", 1.2)
+    r.result(old.own_id, "REVOKED", error="TaskRevokedError")
+    r.ran(new, 1.5, 2.0)
+    assert r.kinds() == ["superseded_unreported"]
+    r.obs.signals.append(SignalRecord("lock_superseded", "key", old.own_id, 1.21, 1,
+                                      {"by": new.own_id, "running": False}))  # fmt: skip
+    assert r.kinds() == []
+    r.body(old.own_id, old.n, 3.0, 3.5, mode="replace")
+    assert r.kinds() == ["ran_after_superseded"]
+
+
+def test_a_replaced_running_run_must_stop() -> None:
+    r = Records()
+    old = r.call("replace_running", 1.0)
+    new = r.call("replace_running", 2.0)
+    r.result(old.own_id, "REVOKED", error="TaskRevokedError")
+    r.obs.signals.append(SignalRecord("lock_superseded", "key", old.own_id, 2.0, 1,
+                                      {"by": new.own_id, "running": True}))  # fmt: skip
+    r.body(old.own_id, old.n, 1.1, 2.3, mode="replace_running", how="terminated")
+    r.ran(new, 2.4, 3.0)
+    assert r.kinds() == []
+    r.obs.bodies[0].end, r.obs.bodies[0].how = 2.6, "ok"  # ran on beside the new run
+    assert r.kinds() == ["overlap"]
+    r.obs.bodies[0].end = 5.0
+    r.obs.bodies[1].start = 5.1
+    assert r.kinds() == ["superseded_not_stopped"]
+
+
+def test_overlaps_count_against_the_limit_and_killed_runs_end_at_their_kill() -> None:
+    r = Records()
+    calls = [r.call("limit2", 1.0 + i / 10) for i in range(3)]
+    r.ran(calls[0], 1.0, 3.0)
+    r.ran(calls[1], 1.5, 2.5)
+    r.ran(calls[2], 2.6, 3.5)
+    assert r.kinds() == []  # never more than two at once
+    r.obs.bodies[2].start = 2.4
+    assert r.kinds() == ["overlap"]
+    r = Records()
+    one, two = r.call("run_wait", 1.0), r.call("run_wait", 1.1)
+    r.body(one.own_id, one.n, 1.0, 2.0, mode="run_wait", how="killed")
+    r.ran(two, 2.1, 3.0)
+    r.ran(one, 3.1, 3.5)  # the redelivery ran later
+    assert r.kinds() == []
+
+
+def test_a_success_holds_its_slot_and_a_failure_does_not() -> None:
+    r = Records()
+    one, two, three = (r.call("success_run", t) for t in (1.0, 1.5, 3.0))
+    r.ran(one, 1.0, 1.2)
+    r.ran(two, 1.2 + HOLD + 0.1, 2.5)  # after the hold
+    r.ran(three, 2.5 + HOLD, 4.0)
+    assert r.kinds() == []
+    r.obs.bodies[1].start = 1.5
+    assert r.kinds() == ["hold_not_kept"]
+    r.obs.bodies[0].how = "fail"
+    r.result(one.own_id, "FAILURE", error="RuntimeError")
+    assert r.kinds() == []
+
+
+def test_a_queue_scope_id_completes_once() -> None:
+    r = Records()
+    call = r.call("queue_skip", 1.0)
+    r.ran(call, 1.0, 1.5)
+    r.body(call.own_id, call.n, 1.6, 2.0, mode="queue_skip")
+    assert r.kinds() == ["ran_twice"]
+    r = Records()
+    call = r.call("run_skip", 1.0)
+    r.ran(call, 1.0, 1.5)
+    r.body(call.own_id, call.n, 1.6, 2.0, mode="run_skip")
+    assert r.kinds() == []  # run scope: a redelivered message may run again
+
+
+def test_rate_windows() -> None:
+    r = Records()
+    calls = [r.call("rate_retry", 1.0) for _ in range(4)]
+    for index, call in enumerate(calls):
+        r.ran(call, 1.0 + 0.5 * index, 1.1 + 0.5 * index)  # 2 per second: allowed
+    assert r.kinds() == []
+    r.obs.bodies[2].start = 1.6
+    r.obs.bodies[2].end = 1.7
+    assert r.kinds() == ["rate_exceeded"]
+
+
+def test_a_burst_runs_its_last_arguments_in_time() -> None:
+    r = Records()
+    first = r.call("debounce_max", 1.0)
+    r.call("debounce_max", 1.5, result=first.own_id)
+    last = r.call("debounce_max", 2.0, result=first.own_id)
+    r.body(first.own_id, last.n, 2.61, 3.0, mode="debounce_max")  # max_wait 1.5: due 2.5
+    r.result(first.own_id, value=last.n)
+    assert r.kinds() == []
+    r.obs.bodies[0].start = 5.0  # 2.5 s late, the worker idle
+    assert r.kinds() == ["debounce_late"]
+    # The worker that held it had every pool process busy until 4.6: within the slack.
+    r.obs.receipts.append(Receipt(first.own_id, "inv.debounce_max", "w1", 1.0, 3))
+    r.obs.execs += [Exec("x", "inv.run_skip", 10, "w1", 2.0, 4.6),
+                    Exec("y", "inv.run_skip", 11, "w1", 2.2, 4.6)]  # fmt: skip
+    assert r.kinds() == []
+
+
+def test_saturation_fills_short_gaps() -> None:
+    execs = [Exec("a", "t", 1, "w", 0.0, 1.0), Exec("b", "t", 1, "w", 1.1, 2.0)]
+    assert abs(saturated_seconds(execs, 1, 0.0, 2.0, 10.0) - 2.0) < 1e-9
+    assert saturated_seconds(execs, 2, 0.0, 2.0, 10.0) == 0.0
+
+
+def test_lifetimes_of_deduplicated_calls() -> None:
+    r = Records()
+    queued = r.call("release_start", 1.0)
+    r.ran(queued, 2.0, 3.0)
+    r.call("release_start", 1.5, result=queued.own_id)
+    assert r.kinds() == []
+    r.call("release_start", 2.5, result=queued.own_id)  # it had started: a new message
+    assert r.kinds() == ["dedup_into_started"]
+    r = Records()
+    done = r.call("success_queue", 1.0)
+    r.ran(done, 1.0, 1.5)
+    r.call("success_queue", 1.5 + HOLD - 0.2, result=done.own_id)
+    assert r.kinds() == []
+    r.call("success_queue", 1.5 + HOLD + 1.0, result=done.own_id)
+    assert r.kinds() == ["held_too_long"]
+
+
+def test_violations_under_a_restart_are_counted_apart() -> None:
+    r = Records()
+    r.call("coalesce", 10.0)
+    r.obs.faults.append(FaultRecord("redis_restart", 12.0, 12.2))
+    verdict = check(r.obs)
+    assert [(v.kind, v.restart) for v in verdict.violations] == [("lost", True)]
+    assert verdict.safe == []
+    r.obs.faults[0].t0 = r.obs.faults[0].t1 = 200.0  # after the end: not in its window
+    assert r.kinds(restart=False) == ["lost"]
+
+
+def test_lost_leases_are_flagged_unless_the_faults_allow_them() -> None:
+    r = Records()
+    call = r.call("run_skip", 1.0)
+    r.ran(call, 1.0, 2.0, how="lease_lost")
+    assert r.kinds() == ["lease_lost"]
+    r.obs.leases_may_be_lost = True
+    assert r.kinds() == []
+
+
+def test_a_message_a_killed_worker_took_off_the_broker_is_counted_apart() -> None:
+    """A call never received by any worker, published as a whole worker was killed, was
+    lost by kombu's Redis transport (celery/celery#7950), not by the lock."""
+    r = Records()
+    call = r.call("replace", 5.0)
+    r.obs.faults.append(FaultRecord("worker_kill", 4.9, 6.0, "w1"))
+    assert r.kinds() == ["lost"]  # never published: the lock lost it
+    r.obs.published.append(Publish(call.own_id, "inv.replace", 5.005, "driver"))
+    verdict = check(r.obs)
+    assert [v.kind for v in verdict.violations] == ["lost_in_transport"]
+    assert verdict.safe == []
+    assert len(verdict.transport) == 1
+    r.obs.receipts.append(Receipt(call.own_id, "inv.replace", "w1", 5.1))
+    assert r.kinds() == ["lost"]  # a worker had it: the lock must not lose it
+
+
+def test_a_throttled_retry_comes_back_at_the_next_free_start() -> None:
+    r = Records()
+    call = r.call("rate_retry", 1.0)
+    r.obs.execs.append(Exec(call.own_id, "inv.rate_retry", 10, "w1", 1.0, 1.01))
+    r.obs.signals.append(SignalRecord("lock_throttled", "key", call.own_id, 1.005, 10,
+                                      {"policy": "retry", "retry_in": 0.4}))  # fmt: skip
+    r.obs.execs.append(Exec(call.own_id, "inv.rate_retry", 11, "w1", 1.43, 1.6, retries=1))
+    r.ran(call, 1.44, 1.6)
+    assert r.kinds() == []
+    r.obs.execs[-1].start = 1.1  # back before the next free start: paced by something else
+    assert r.kinds() == ["throttle_paced_wrong"]
+    r.obs.execs[-1].start = 5.0  # 3.6 s late with an idle worker
+    assert r.kinds() == ["throttle_paced_wrong"]
