@@ -42,16 +42,20 @@ __all__ = [
     "lock_conflict",
     "lock_debounced",
     "lock_lost",
+    "lock_parked",
     "lock_released",
     "lock_renewed",
     "lock_superseded",
     "lock_throttled",
+    "lock_unparked",
     "lost",
+    "parked",
     "released",
     "signals_markdown",
     "skip_record_key",
     "skipped",
     "throttled",
+    "unparked",
 ]
 
 log = logging.getLogger("celery_singleton_lock.task")
@@ -117,6 +121,17 @@ lock_debounced = Signal(name="lock_debounced")
 without running (the burst runs once, with the last call). Sent in the worker. Sender: the
 task. Keyword arguments: ``key``, ``task_id`` (the burst's), ``generation``."""
 
+lock_parked = Signal(name="lock_parked")
+"""A run (or, in queue scope, a call) found its key held and was parked
+(``lock_on_conflict="park"``): its message waits in the key's park queue, its result state
+is ``PARKED``. Sent where it parked (the worker, or the producer in queue scope). Sender:
+the task. Keyword arguments: ``key``, ``task_id``, ``position`` (1 is next; 0 for a run
+parked until its ``lock_rate_limit`` window frees), ``scope``."""
+
+lock_unparked = Signal(name="lock_unparked")
+"""A parked call that was handed its key starts its run. Sent in the worker. Sender: the
+task. Keyword arguments: ``key``, ``task_id``, ``scope``."""
+
 #: The worker event a skipped duplicate sends (``task.send_event``), for Flower and
 #: other event consumers. Fields: ``uuid``, ``name``, ``key``, ``holder_task_id``.
 SKIPPED_EVENT = "task-lock-skipped"
@@ -130,6 +145,8 @@ COALESCED_EVENT = "task-lock-coalesced"
 SUPERSEDED_EVENT = "task-lock-superseded"
 DEBOUNCED_EVENT = "task-lock-debounced"
 REAPED_EVENT = "task-lock-reaped"
+PARKED_EVENT = "task-lock-parked"
+UNPARKED_EVENT = "task-lock-unparked"
 #: How long the record of a skip is kept when the app sets no ``result_expires``.
 _DEFAULT_RECORD_TTL = 86400.0
 
@@ -312,17 +329,21 @@ def skipped(
     task_id: str,
     holder_task_id: str | None,
     reason: str = "held",
+    explanation: dict[str, Any] | None = None,
 ) -> None:
     """A duplicate run of ``task`` was skipped: keep a record of it (read back with
     ``skip_info(result)``) and, from a worker, send the ``task-lock-skipped`` event. A
     run skipped because its key was throttled (``reason="throttled"``) is recorded the
-    same way; its event is ``task-lock-throttled``, sent by :func:`throttled`."""
+    same way; its event is ``task-lock-throttled``, sent by :func:`throttled`.
+    ``explanation`` (why the key blocked, as ``Explanation.as_json()`` gives it) is kept
+    in the record too."""
     record = {
         "key": key,
         "holder_task_id": holder_task_id,
         "task": task.name,
         "at": time.time(),
         "reason": reason,
+        "explanation": explanation,
     }
     try:
         call(
@@ -416,6 +437,21 @@ def debounced(task: Any, key: str, task_id: str, *, generation: int) -> None:
     """A stale message of the burst ``task_id`` was delivered and ends without running."""
     _send(lock_debounced, task, key=key, task_id=task_id, generation=generation)
     _event(task, task_id, DEBOUNCED_EVENT, key=key, generation=generation)
+
+
+def parked(task: Any, key: str, task_id: str, *, position: int, scope: str) -> None:
+    """The call ``task_id`` was parked on ``key`` at ``position``."""
+    _send(lock_parked, task, key=key, task_id=task_id, position=position, scope=scope)
+    if getattr(task.request, "hostname", None) and not task.request.is_eager:
+        _event(task, task_id, PARKED_EVENT, key=key, position=position)
+    else:
+        _producer_event(task, task_id, PARKED_EVENT, key=key, position=position)
+
+
+def unparked(task: Any, key: str, task_id: str, *, scope: str) -> None:
+    """The parked call ``task_id``, handed ``key``, starts its run."""
+    _send(lock_unparked, task, key=key, task_id=task_id, scope=scope)
+    _event(task, task_id, UNPARKED_EVENT, key=key)
 
 
 def reaped(app: Any, key: str, task_id: str | None, *, why: str) -> None:

@@ -6,10 +6,13 @@ result backends serialise task exceptions)::
     SingletonLockError
     ├── LockError                 the Redis lock engine
     │   ├── LockNotOwned          release/extend by an instance that no longer holds the lock
+    │   ├── LockLost              the lease of a held lock is gone while its holder works
+    │                             (lock_on_lost="raise", RedisLock.ensure_held())
     │   └── LockBackendError      Redis could not be reached or answered with an error
     │                             (also a redis.exceptions.RedisError)
-    └── TaskLocked                a task's lock is held by another run
-        └── TaskThrottled         a task's key used up its start rate (lock_rate_limit)
+    ├── TaskLocked                a task's lock is held by another run
+    │   └── TaskThrottled         a task's key used up its start rate (lock_rate_limit)
+    └── ResultLost                a run finished once, but its result was never stored
 
 ``LockBackendError`` is also redis-py's ``RedisError``, so code written for the projects
 this package replaces (whose Redis errors reached the caller as they were) keeps catching
@@ -27,7 +30,9 @@ import redis
 __all__ = [
     "LockBackendError",
     "LockError",
+    "LockLost",
     "LockNotOwned",
+    "ResultLost",
     "SingletonLockError",
     "TaskLocked",
     "TaskThrottled",
@@ -55,6 +60,19 @@ class LockNotOwned(LockError):
     another holder may have taken it, so nothing was released or extended."""
 
 
+class LockLost(LockError):
+    """The lease of a lock this code holds is gone (a renewal found it taken or expired, or
+    its last confirmed lease ran out, as after a freeze or a partition): another holder may
+    run now, so the work must stop. Raised by ``RedisLock.ensure_held()``, and inside a
+    task's body under ``lock_on_lost="raise"`` as soon as the loss is known. A body that
+    catches it may clean up, but must not write anything the lock protects."""
+
+    def __init__(
+        self, message: str = "the lease of the lock was lost", name: str | None = None
+    ) -> None:
+        super().__init__(message, name)
+
+
 class LockBackendError(LockError, redis.RedisError):
     """Redis could not be reached, or refused a command; the lock state is unknown.
 
@@ -71,20 +89,33 @@ class TaskLocked(SingletonLockError):
     """Another run holds the lock for this task and these arguments.
 
     ``key`` is the Redis key of the lock; ``task_id`` is the holder's task id when known.
+    ``explanation``, when the runtime could read it as the conflict happened, is why the
+    key was held then: a plain dict (``Explanation.as_json()`` of
+    :mod:`celery_singleton_lock.explain`: its holders, waiters, parked calls, follow-up,
+    throttle and debounce burst), so it pickles and crosses a JSON result backend; read
+    it back with ``Explanation.from_json(exc.explanation)``. None when not known.
     """
 
-    def __init__(self, key: str, task_id: str | None = None, message: str | None = None) -> None:
+    def __init__(
+        self,
+        key: str,
+        task_id: str | None = None,
+        message: str | None = None,
+        explanation: dict[str, Any] | None = None,
+    ) -> None:
         text = message or (f"lock {key!r} is held" + (f" by task {task_id}" if task_id else ""))
-        super().__init__(key, task_id, text)
+        # A result backend rebuilds the exception from its args: the explanation goes there.
+        super().__init__(key, task_id, text, *(() if explanation is None else (explanation,)))
         self.key = key
         self.task_id = task_id
         self.message = text
+        self.explanation = explanation
 
     def __str__(self) -> str:
         return self.message
 
     def __reduce__(self) -> tuple[Any, ...]:
-        return (type(self), (self.key, self.task_id, self.message))
+        return (type(self), (self.key, self.task_id, self.message, self.explanation))
 
 
 class TaskThrottled(TaskLocked):
@@ -106,3 +137,21 @@ class TaskThrottled(TaskLocked):
 
     def __reduce__(self) -> tuple[Any, ...]:
         return (type(self), (self.key, self.retry_in, self.message))
+
+
+class ResultLost(SingletonLockError):
+    """The run of this task id finished (its body ran once), but its result was never
+    stored: its worker died between the end of the run and storing the result. A later
+    copy of its message found the run recorded as finished, did not run it again, and
+    stored this failure so that the call still ends in a visible state."""
+
+    def __init__(self, task_id: str = "", key: str = "") -> None:
+        super().__init__(task_id, key)
+        self.task_id = task_id
+        self.key = key
+
+    def __str__(self) -> str:
+        return (
+            f"task {self.task_id} ran once under lock {self.key!r}, but its worker died "
+            "before its result was stored; it is not run again"
+        )

@@ -4,8 +4,9 @@
 ``singleton_lock_tasks``, adds a task annotation (Celery's documented way to change task
 classes from configuration) that gives them the ``LockedTask`` behaviour: their
 ``__call__`` runs the body under the lock, their ``apply_async`` takes queue-scope locks,
-and they get ``lock_key()``. Annotations are applied by Celery whenever a task class binds
-to the app, so tasks imported late (autodiscovery in a worker) are covered too.
+and they get ``lock_key()`` and ``lock_explain()``. Annotations are applied by Celery
+whenever a task class binds to the app, so tasks imported late (autodiscovery in a
+worker) are covered too.
 
 ``setup`` runs when a ``LockedTask`` binds to an app and, through Celery's app-finalize
 hook, for every app finalized in a process that imported the Celery side of this package
@@ -32,11 +33,12 @@ from celery.utils.functional import firstmethod
 from celery_singleton_lock import runtime, signals
 from celery_singleton_lock.client import mask_url, redis_for
 from celery_singleton_lock.config import hide_password, settings_for, task_globs
+from celery_singleton_lock.explain import Explanation, explain_key
 
 if TYPE_CHECKING:
     from celery import Celery
 
-__all__ = ["ConfigLocks", "Preflight", "WorkerConfigError", "preflight", "setup"]
+__all__ = ["ConfigLocks", "ParkSweep", "Preflight", "WorkerConfigError", "preflight", "setup"]
 
 log = logging.getLogger("celery_singleton_lock.worker")
 
@@ -57,6 +59,7 @@ def setup(app: Celery) -> None:
             return
         signals.connect()
         app.steps["worker"].add(Preflight)
+        app.steps["worker"].add(ParkSweep)
         app.__dict__[_SETUP_FLAG] = True
     if getattr(app, "finalized", False):  # else the app-finalize hook installs them
         _install_annotations(app)
@@ -129,6 +132,39 @@ class Preflight(bootsteps.Step):
             raise WorkerConfigError(message=message, exit_code=EX_CONFIG) from exc
 
 
+class ParkSweep(bootsteps.StartStopStep):
+    """Worker bootstep: in the main process of a worker whose app has tasks that park
+    (``lock_on_conflict="park"``), sweep the parked keys now and then, so no parked call is
+    lost (see :mod:`.runtime.sweep`)."""
+
+    name = "celery_singleton_lock.park_sweep"
+    requires = ("celery.worker.components:Timer",)
+
+    def __init__(self, worker: Any, **kwargs: Any) -> None:
+        super().__init__(worker, **kwargs)
+        self.sweeper: Any = None
+
+    def create(self, worker: Any) -> None:
+        if parks(worker.app):
+            self.sweeper = runtime.Sweeper(worker.app)
+
+    def start(self, worker: Any) -> None:
+        if self.sweeper is not None:
+            self.sweeper.start()
+
+    def stop(self, worker: Any) -> None:
+        if self.sweeper is not None:
+            self.sweeper.stop()
+
+
+def parks(app: Celery) -> bool:
+    """Whether any locked task of ``app`` parks on a conflict."""
+    return any(
+        (locking := runtime.locking_for(task)) is not None and locking.options.on_conflict == "park"
+        for task in list(app.tasks.values())
+    )
+
+
 def _around_call(original: Callable[..., Any]) -> Callable[..., Any]:
     def call(self: Any, *args: Any, **kwargs: Any) -> Any:
         return runtime.locked_call(self, args, kwargs, functools.partial(original, self))
@@ -183,7 +219,22 @@ class ConfigLocks:
         for name, around in (("@__call__", _around_call), ("@apply_async", _around_apply_async)):
             result[name] = _compose(around, theirs[name]) if name in theirs else around
         result["lock_key"] = runtime.lock_key_method
+        result["lock_explain"] = lock_explain_method
         return result
+
+
+def lock_explain_method(self: Any, *args: Any, **kwargs: Any) -> Explanation:
+    """Why a call with these arguments would be blocked now: who holds its key (task id,
+    host/pid, since when, lease left, fencing token), who waits and in which order, what is
+    parked, pending, throttled or debouncing there (see
+    :class:`celery_singleton_lock.explain.Explanation`), read from the lock Redis on its
+    clock in two round trips at most. Installed as ``task.lock_explain`` on every locked
+    task."""
+    key = runtime.lock_key_method(self, *args, **kwargs)  # not locked: ImproperlyConfigured
+    locking = runtime.locking_for(self)
+    options = locking.options if locking is not None else None
+    client = redis_for(self.app, settings_for(self.app).url)
+    return explain_key(client, key, options, task=self.name)
 
 
 def _apply(cls: Any, annotation: Mapping[str, Any]) -> None:

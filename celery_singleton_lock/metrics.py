@@ -22,6 +22,8 @@ Metrics (label ``task`` is the task name; no label ever carries a lock key)::
                                                           where the superseding call is made)
     celery_singleton_lock_debounced_total{task}           stale debounced messages dropped
     celery_singleton_lock_reaped_total{task}              holds freed by `celery locks reap`
+    celery_singleton_lock_parked_total{task}              calls parked on a held key
+    celery_singleton_lock_unparked_total{task}            parked calls handed their key, started
 
 Every label comes from a bounded set, so no series is made per call, key or process:
 ``task`` is the name of the task that sent the signal, or ``unknown`` when the sender is not
@@ -54,11 +56,13 @@ from celery_singleton_lock._observe import (
     lock_conflict,
     lock_debounced,
     lock_lost,
+    lock_parked,
     lock_reaped,
     lock_released,
     lock_renewed,
     lock_superseded,
     lock_throttled,
+    lock_unparked,
 )
 from celery_singleton_lock.options import CONFLICT_POLICIES, SCOPES
 
@@ -104,6 +108,8 @@ class LockMetrics:
     superseded: Counter
     debounced: Counter
     reaped: Counter
+    parked: Counter
+    unparked: Counter
 
     @classmethod
     def create(cls, registry: CollectorRegistry) -> LockMetrics:
@@ -177,6 +183,19 @@ class LockMetrics:
             reaped=Counter(
                 f"{PREFIX}_reaped",
                 "Holds freed by `celery locks reap` (holder proven gone).",
+                ["task"],
+                registry=registry,
+            ),
+            parked=Counter(
+                f"{PREFIX}_parked",
+                "Calls parked in their key's queue (lock_on_conflict='park') instead of "
+                "waiting in a worker or retrying.",
+                ["task"],
+                registry=registry,
+            ),
+            unparked=Counter(
+                f"{PREFIX}_unparked",
+                "Parked calls that were handed their key and started.",
                 ["task"],
                 registry=registry,
             ),
@@ -275,6 +294,8 @@ def enable(registry: CollectorRegistry | None = None) -> LockMetrics:
             (lock_superseded, _on_superseded),
             (lock_debounced, _counting("debounced")),
             (lock_reaped, _counting("reaped")),
+            (lock_parked, _counting("parked")),
+            (lock_unparked, _counting("unparked")),
         ):
             uid = f"csl.metrics.{getattr(signal, 'name', id(signal))}"
             signal.connect(receiver, weak=False, dispatch_uid=uid)

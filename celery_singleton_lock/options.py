@@ -34,7 +34,9 @@ __all__ = [
     "MAX_DURATION",
     "MAX_RATE_STARTS",
     "MIN_TIMEOUT",
+    "ON_LOST",
     "OPTION_RULES",
+    "ORDERS",
     "RATE_UNITS",
     "RELEASES",
     "SCOPES",
@@ -52,8 +54,12 @@ __all__ = [
     "validate_task_options",
 ]
 
-CONFLICT_POLICIES = ("skip", "wait", "retry", "raise", "coalesce", "replace")
+CONFLICT_POLICIES = ("skip", "wait", "retry", "raise", "coalesce", "replace", "park")
 SCOPES = ("run", "queue")
+#: What a run learns when its lease is lost while the body runs.
+ON_LOST = ("warn", "raise")
+#: In which order the calls of one key run: as their messages arrive, or as they were made.
+ORDERS = ("arrival", "enqueue")
 #: When a run's key frees: at the end of the run, when the body starts (queue scope), or at
 #: the end unless the run succeeded, which keeps it ``lock_hold`` seconds more.
 RELEASES = ("end", "start", "success")
@@ -295,9 +301,11 @@ class LockOptions:
     on_conflict: str = _option(
         "skip", _choice(CONFLICT_POLICIES),
         "What a run does when another holds the lock: skip it, wait (at most lock_wait), "
-        "retry after lock_retry_delay, or raise TaskLocked. Queue scope also: coalesce (the "
-        "call becomes the one pending follow-up, latest arguments win) or replace (the call "
-        "supersedes a queued holder, else follows a running one).",
+        "retry after lock_retry_delay, raise TaskLocked, or park (the call waits in the key's "
+        "queue in the lock Redis, holding no worker, and is published again when the key is "
+        "handed to it). Queue scope also: coalesce (the call becomes the one pending "
+        "follow-up, latest arguments win) or replace (the call supersedes a queued holder, "
+        "else follows a running one).",
         values=", ".join(CONFLICT_POLICIES),
     )  # fmt: skip
     scope: str = _option(
@@ -316,6 +324,13 @@ class LockOptions:
         "Countdown of the retry policy; None: 1 s doubling with each retry (plus jitter), "
         "never past the holder's remaining lease.",
         values=f"seconds >= 0, {_UP_TO}; None", none_is_value=True,
+    )  # fmt: skip
+    fair_after: float | None = _option(
+        None, _seconds(minimum=0, inclusive=False),
+        "Eventual fairness for waiting runs: a release lets a newcomer take the key while "
+        "the first waiter has waited less than this many seconds, and hands the key to that "
+        "waiter after. None: first come, first served.",
+        values=f"seconds > 0, {_UP_TO}; None", none_is_value=True,
     )  # fmt: skip
     limit: int = _option(
         1, _count(minimum=1),
@@ -367,6 +382,21 @@ class LockOptions:
         "With lock_release='success': seconds a successful run keeps the key after it "
         "ended (at most one success per lock_hold).",
         values=f"seconds > 0, {_UP_TO}", setting=False,
+    )  # fmt: skip
+    on_lost: str = _option(
+        "warn", _choice(ON_LOST),
+        "A lease lost while the body runs (a frozen worker, a partition): warn logs it and "
+        "sends lock_lost; raise also raises LockLost inside the body as soon as the loss is "
+        "known (as Celery raises SoftTimeLimitExceeded), so the work stops.",
+        values=", ".join(ON_LOST),
+    )  # fmt: skip
+    order: str = _option(
+        "arrival", _choice(ORDERS),
+        "With lock_on_conflict='park': arrival runs a key's calls as their messages come; "
+        "enqueue runs them in the order of their apply_async (higher priority first), a "
+        "message delivered ahead of its turn parks, and a call with a countdown or ETA "
+        "takes its turn when its time comes.",
+        values=", ".join(ORDERS),
     )  # fmt: skip
     replicas: int = _option(
         0, _replica_count,
@@ -550,6 +580,11 @@ OPTION_RULES: tuple[Combination, ...] = (
     Combination(
         lambda o, s: o.limit > 1 and no_scripts(s),
         "lock_limit > 1 needs Lua scripts (slots are taken by a script), which "
+        "singleton_lock_scripting=False turns off",
+    ),
+    Combination(
+        lambda o, s: o.fair_after is not None and no_scripts(s),
+        "lock_fair_after needs Lua scripts (the hand-off is done by a script), which "
         "singleton_lock_scripting=False turns off",
     ),
 )

@@ -13,6 +13,8 @@ keyword)::
     lock_superseded key, task_id (superseded), by, running     (producer, and worker)
     lock_debounced  key, task_id (the burst's), generation     (a stale message, worker)
     lock_reaped     key, task_id, why                          (celery locks reap)
+    lock_parked     key, task_id, position, scope              (lock_on_conflict="park")
+    lock_unparked   key, task_id, scope                        (a parked call starts)
 
 ``waited``, ``held``, ``hold`` and ``retry_in`` are seconds. They are sent in the process
 that runs the task (a queue-scope publish that finds its key held sends ``lock_conflict``
@@ -39,11 +41,13 @@ from celery_singleton_lock._observe import (
     lock_conflict,
     lock_debounced,
     lock_lost,
+    lock_parked,
     lock_reaped,
     lock_released,
     lock_renewed,
     lock_superseded,
     lock_throttled,
+    lock_unparked,
 )
 from celery_singleton_lock.runtime import (
     received_request,
@@ -60,11 +64,13 @@ __all__ = [
     "lock_conflict",
     "lock_debounced",
     "lock_lost",
+    "lock_parked",
     "lock_reaped",
     "lock_released",
     "lock_renewed",
     "lock_superseded",
     "lock_throttled",
+    "lock_unparked",
 ]
 
 log = logging.getLogger("celery_singleton_lock.signals")

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 from celery import Task
 
 from celery_singleton_lock import runtime
-from celery_singleton_lock.integration import setup
+from celery_singleton_lock.integration import lock_explain_method, setup
 from celery_singleton_lock.options import task_option_names
 from celery_singleton_lock.runtime import LOCKED_MARKER, current_lock
 
@@ -48,6 +48,10 @@ class LockedTask(_Base):
         return runtime.locked_apply_async(self, super().apply_async, args, kwargs, **options)
 
     lock_key = runtime.lock_key_method
+
+    #: ``task.lock_explain(*args, **kwargs)``: why a call with these arguments would be
+    #: blocked now (see :class:`~celery_singleton_lock.explain.Explanation`).
+    lock_explain = lock_explain_method
 
     @classmethod
     def on_bound(cls, app: Celery) -> None:

@@ -16,6 +16,8 @@ from celery_singleton_lock.engine.keyspace import (
     BURST,
     DEBOUNCE,
     DONE,
+    PARKDATA,
+    PARKED,
     PENDING,
     QUEUE,
     STARTS,
@@ -32,6 +34,8 @@ __all__ = [
     "Burst",
     "Followed",
     "Handed",
+    "Parked",
+    "ParkedCall",
     "Pending",
     "Record",
     "debounce_join",
@@ -39,6 +43,13 @@ __all__ = [
     "follow",
     "hand_over",
     "hold",
+    "order_leave",
+    "order_take",
+    "order_turn",
+    "park",
+    "park_release",
+    "park_started",
+    "park_sweep",
     "replace",
     "superseded_by",
     "throttle",
@@ -250,3 +261,169 @@ def debounce_run(
     wins (its record is recreated, kept ``keep_ms``)."""
     keys = (companion_key(key, BURST + burst_id), companion_key(key, DONE))
     return int(call(key, _RUN, client, 2, *keys, burst_id, generation, keep_ms)) == 1
+
+
+_PARK = SCRIPTS["park"]
+_PARK_RELEASE = SCRIPTS["park_release"]
+_PARK_SWEEP = SCRIPTS["park_sweep"]
+_PARK_STARTED = SCRIPTS["park_started"]
+_ORDER_TAKE = SCRIPTS["order_take"]
+_ORDER_TURN = SCRIPTS["order_turn"]
+_ORDER_LEAVE = SCRIPTS["order_leave"]
+
+
+class ParkedCall(NamedTuple):
+    """A parked call handed the key, to be published again under ``task_id``: ``payload``
+    is what its caller parked (opaque to the engine)."""
+
+    task_id: str
+    payload: bytes
+
+
+class Parked(NamedTuple):
+    """What a call under ``park`` came to: ``position`` in the key's park queue (1 is
+    next), or None when the key is free and nobody is parked before it (take it as usual);
+    ``handed``: the first parked call, which got the free key and must be published."""
+
+    position: int | None
+    handed: ParkedCall | None = None
+
+
+def _bytes(part: Any) -> bytes:
+    return part if isinstance(part, bytes) else str(part).encode()
+
+
+def park(
+    client: LockClient,
+    key: str,
+    task_id: str,
+    *,
+    turn: float | None,
+    token: str,
+    info: str,
+    payload: bytes,
+    keep_ms: int,
+    grant_ms: int,
+    slots: int = 1,
+    ordered: bool = False,
+) -> Parked:
+    """Park the call ``task_id`` of lock ``key`` while the key is held (or all its slots):
+    it joins the park queue at ``turn`` (None: its arrival, server microseconds), kept
+    ``keep_ms``; when handed the key it holds it under ``token`` (holder info ``info``) for
+    ``grant_ms``. ``token`` and ``info`` must not contain a newline. ``ordered``
+    (``lock_order="enqueue"``): the call also parks on a free key while calls before it in
+    the key's line (:func:`order_take`) are outstanding."""
+    entry = token.encode() + b"\n" + info.encode() + b"\n" + payload
+    keys = (key, companion_key(key, PARKED), companion_key(key, PARKDATA))
+    score = "" if turn is None else f"{turn:.0f}"
+    reply = call(
+        key,
+        _PARK,
+        client,
+        3,
+        *keys,
+        task_id,
+        score,
+        entry,
+        keep_ms,
+        grant_ms,
+        slots,
+        "1" if ordered else "0",
+    )
+    if int(reply[0]) == 0:
+        return Parked(None)
+    handed = ParkedCall(_text(reply[2]), _bytes(reply[3])) if int(reply[0]) == 2 else None
+    return Parked(int(reply[1]), handed)
+
+
+def park_release(
+    lock: RedisLock, grant_ms: int, record: Record | None = None, *, ordered: str | None = None
+) -> ParkedCall | int:
+    """At the end of the run that holds ``lock`` (under ``lock.token``), in one step: hand
+    its key (or the slot it holds) to the first parked call, leased ``grant_ms`` under that
+    call's grant token, and return it to be published; with nobody parked, release as
+    :meth:`RedisLock.release` does and return its reply (1, 2 or 3). 0: not owned, nothing
+    done. ``record`` is written in the same step; ``ordered``: the task id of the run,
+    which leaves the key's line (``lock_order="enqueue"``). The lock is not detached."""
+    token = lock.token
+    if token is None:
+        return 0
+    keys = [lock.held_key, companion_key(lock.name, QUEUE)]
+    args: list[bytes | int | str] = [token, grant_ms, lock.limit, "", 0]
+    if record is not None:
+        done, task_id, keep_ms = record
+        keys.append(done)
+        args[3:] = [task_id, keep_ms]
+    args.append(ordered or "")
+    reply = call(lock.name, _PARK_RELEASE, lock.client, len(keys), *keys, *args)
+    if int(reply[0]) == 1:
+        return ParkedCall(_text(reply[1]), _bytes(reply[2]))
+    return int(reply[1]) if len(reply) > 1 else 0
+
+
+def park_sweep(
+    client: LockClient,
+    key: str,
+    *,
+    restart_ms: int,
+    grant_ms: int,
+    most: int,
+    slots: int = 1,
+    ordered: bool = False,
+) -> tuple[bool, list[ParkedCall]]:
+    """Sweep the park queue of lock ``key``: the calls handed the key more than
+    ``restart_ms`` ago that did not start (to publish again), and, when the key (a slot)
+    is free, the first parked calls, now holding it (``ordered``: when their turn has
+    come). Also whether anything is still parked, handed off or in line there."""
+    reply = call(
+        key, _PARK_SWEEP, client, 1, key, restart_ms, grant_ms, most, slots, "1" if ordered else "0"
+    )
+    calls = [
+        ParkedCall(_text(reply[index]), _bytes(reply[index + 1]))
+        for index in range(1, len(reply), 2)
+    ]
+    return int(reply[0]) == 1, calls
+
+
+def park_started(client: LockClient, key: str, task_id: str) -> bool:
+    """The call ``task_id``, handed the key from the park queue, started: the sweep lets it
+    be. Whether it was a handed-off call."""
+    return int(call(key, _PARK_STARTED, client, 1, key, task_id)) == 1
+
+
+#: Turns of one priority are this far apart from the next priority's (2**36 calls).
+_PRIORITY_STEP = 2**36
+
+
+def order_take(client: LockClient, key: str, task_id: str, *, rank: int, keep_ms: int) -> int:
+    """The turn of call ``task_id`` in the line of lock ``key`` (``lock_order="enqueue"``):
+    the next number of the key's counter, behind every call of a lower ``rank`` (0-255,
+    0 first); a call already in the line keeps its turn. It stays in the line at most
+    ``keep_ms`` unless it is delivered (:func:`order_turn`)."""
+    if not 0 <= rank <= 255:
+        raise ValueError(f"rank must be 0-255, got {rank}")
+    return int(call(key, _ORDER_TAKE, client, 1, key, task_id, rank, keep_ms))
+
+
+def order_turn(
+    client: LockClient,
+    key: str,
+    task_id: str,
+    *,
+    turn: int,
+    slots: int,
+    keep_ms: int,
+    lease_ms: int,
+) -> int:
+    """At delivery: 1 when the turn of ``task_id`` has come (it is one of the first
+    ``slots`` outstanding calls of the key), 0 when a call before it is outstanding (it
+    parks, keeping its place ``keep_ms``), -1 when it finished already (a late copy). A
+    call that goes ahead keeps its place ``lease_ms`` unless it finishes."""
+    keys = (key, companion_key(key, DONE))
+    return int(call(key, _ORDER_TURN, client, 2, *keys, task_id, turn, slots, keep_ms, lease_ms))
+
+
+def order_leave(client: LockClient, key: str, task_id: str) -> bool:
+    """Call ``task_id`` leaves the line of ``key`` without running (revoked, dropped).
+    Whether it was in the line."""
+    return int(call(key, _ORDER_LEAVE, client, 1, key, task_id)) == 1

@@ -22,3 +22,8 @@ class Hold:
     reserved: bool = False  # holds the instance's local reservation (a fixed ``token``)
     lost: bool = False
     ended: bool = False
+
+    def lost_by(self, now: float) -> bool:
+        """Whether the hold can no longer be trusted at monotonic ``now``: a renewal found
+        the lock gone, or the last confirmed lease has run out (``lease_lost``)."""
+        return self.lost or now >= self.expires_at

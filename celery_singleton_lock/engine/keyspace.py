@@ -15,9 +15,15 @@ __all__ = [
     "DONE",
     "FENCE",
     "GRANT",
+    "GRANTED",
+    "ORDER",
+    "ORDER_DUE",
     "OWNERS",
+    "PARKDATA",
+    "PARKED",
     "PENDING",
     "QUEUE",
+    "SEQ",
     "SIGNAL",
     "SLOT",
     "SLOTS",
@@ -63,6 +69,18 @@ DEBOUNCE = "debounce"
 BURST = "burst:"
 #: A key's recent starts (``lock_rate_limit``): a sorted set scored by server ms.
 STARTS = "starts"
+#: A key's park queue (``lock_on_conflict="park"``): a sorted set of task ids by turn.
+PARKED = "parked"
+#: The parked calls of a key: a hash, task id -> grant token, holder info and the call.
+PARKDATA = "parkdata"
+#: Parked calls handed the key but not started yet: a sorted set scored by server ms.
+GRANTED = "granted"
+#: ``lock_order="enqueue"``: the outstanding calls of a key by turn (a sorted set), the
+#: deadline of each (server ms; a call whose message never comes leaves the line), and the
+#: counter their turns are taken from.
+ORDER = "order"
+ORDER_DUE = "orderdue"
+SEQ = "seq"
 
 #: Every suffix, by the name the Lua scripts know it under (``K_<NAME>``).
 SUFFIXES = {
@@ -81,6 +99,12 @@ SUFFIXES = {
     "DEBOUNCE": DEBOUNCE,
     "BURST": BURST,
     "STARTS": STARTS,
+    "PARKED": PARKED,
+    "PARKDATA": PARKDATA,
+    "GRANTED": GRANTED,
+    "ORDER": ORDER,
+    "ORDER_DUE": ORDER_DUE,
+    "SEQ": SEQ,
 }
 
 

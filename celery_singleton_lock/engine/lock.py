@@ -16,16 +16,15 @@ scripts, no further round trip. The BLPOP timeout doubles as the fallback poll t
 a crashed holder's lease running out. This module imports nothing from Celery.
 
 This module is the public API and waiting; a hold is a :class:`~.holds.Hold`, and the lease
-renewal ``RedisLock`` inherits from :class:`~.renewal.Renewing`.
+renewal ``RedisLock`` inherits from :class:`~.renewal.Renewing`. Its decisions that need no
+I/O (argument checks, the waiting arithmetic, which hold a call is about, reading the
+server's answers) are :mod:`~.rules`, shared with the asyncio engine (:mod:`~.aio`).
 """
 
 from __future__ import annotations
 
-import json
 import logging
-import math
 import os
-import socket
 import threading
 import time
 import uuid
@@ -33,24 +32,38 @@ import weakref
 from types import TracebackType
 from typing import Any, ClassVar, cast
 
-import redis
 from redis.cluster import RedisCluster
 
-from celery_singleton_lock.engine.constants import MAX_DURATION, MAX_LIMIT
 from celery_singleton_lock.engine.holds import Hold
-from celery_singleton_lock.engine.keyspace import (
-    OWNERS,
-    SIGNAL,
-    SLOT,
-    SLOTS,
-    SYNC,
-    companion_key,
-)
+from celery_singleton_lock.engine.keyspace import OWNERS, SIGNAL, SLOTS, SYNC, companion_key
 from celery_singleton_lock.engine.plain import PlainProtocol
 from celery_singleton_lock.engine.protocol import Grant, Protocol
 from celery_singleton_lock.engine.renewal import Renewing
+from celery_singleton_lock.engine.rules import (
+    Next,
+    acquire_mode,
+    check_lock,
+    ensure_held,
+    fair_ms,
+    hold_for,
+    holder_at,
+    holder_text,
+    holders_at,
+    lease_ms,
+    newest,
+    next_step,
+    owns,
+    poll_cap,
+    reply_lost,
+    slot_held_by,
+    slot_key,
+    slot_number,
+    slot_numbers,
+    value_of,
+    wait_for,
+)
 from celery_singleton_lock.engine.scripted import ScriptedProtocol
-from celery_singleton_lock.engine.value import Holder, LockValue, parse_value
+from celery_singleton_lock.engine.value import Holder, LockValue
 from celery_singleton_lock.engine.wire import (
     LockClient,
     call,
@@ -63,20 +76,6 @@ from celery_singleton_lock.exceptions import LockBackendError, LockError, LockNo
 __all__ = ["Holder", "RedisLock"]
 
 log = logging.getLogger("celery_singleton_lock.engine.lock")
-
-#: Added to a holder's remaining lease before trying again, so we arrive just after it ends.
-_MIN_WAIT = 0.001
-#: How late Redis may time out a BLPOP: it checks on its timer tick (hz 10 = every 0.1 s).
-_TIMER_SLACK = 0.11
-#: Waits shorter than the slack plus this are slept in the client instead of in BLPOP.
-_BLPOP_MARGIN = 0.04
-#: A BLPOP must return before the client's socket timeout: use at most this share of it.
-_SOCKET_SHARE = 0.8
-
-
-#: How the upper bound of every duration reads in an error message.
-_AT_MOST = f"at most {MAX_DURATION} (365 days)"
-
 
 #: Every live lock of this process: a forked child resets them (see ``_reset_in_child``).
 _instances: weakref.WeakSet[RedisLock] = weakref.WeakSet()
@@ -93,30 +92,6 @@ def _reset_in_child() -> None:
 
 
 os.register_at_fork(after_in_child=_reset_in_child)
-
-
-def _lease_ms(value: object, what: str) -> int:
-    """Validate a lease in seconds (positive, finite, at most ``MAX_DURATION``: beyond it the
-    expiry a lock value stores would leave the value grammar) and return it in milliseconds."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise ValueError(f"{what} must be a positive number of seconds, got {value!r}")
-    try:
-        seconds = float(value)
-    except OverflowError:  # an int too big for a float
-        seconds = math.inf
-    if not math.isfinite(seconds) or seconds <= 0 or seconds > MAX_DURATION:
-        raise ValueError(f"{what} must be a positive number of seconds, {_AT_MOST}, got {value!r}")
-    return max(1, round(seconds * 1000))
-
-
-def _slot_number(member: bytes | str) -> int | None:
-    """A slot number as the slot index or its owners' hash store it, or None for anything
-    else."""
-    text = member.decode("ascii", "replace") if isinstance(member, bytes) else member
-    if not text.isascii() or not text.isdigit() or text.startswith("0"):
-        return None
-    number = int(text)
-    return number if number <= MAX_LIMIT else None
 
 
 class RedisLock(Renewing):
@@ -156,6 +131,13 @@ class RedisLock(Renewing):
     ``LockBackendError`` without counting as confirmed, so ``lease_lost`` follows by the
     clock if it keeps failing. It narrows the window in which a failover loses a lock that
     was just granted; it does not close it (see docs/deployment.md).
+
+    ``fair_after`` (seconds; default None: first come, first served) relaxes the order of
+    waiters for throughput, as Go's ``sync.Mutex`` does: a release frees the lock for
+    whoever comes first (a newcomer may take it) while the first waiter has waited less
+    than ``fair_after`` since it began, and hands it straight to that waiter after. No
+    waiter waits longer than ``fair_after`` plus one holder's critical section past the
+    moment it became first. Scripted mode only.
     """
 
     #: The protocol for each value of ``scripting``; tests substitute instrumented ones.
@@ -180,25 +162,22 @@ class RedisLock(Renewing):
         group: str | None = None,
         replicas: int = 0,
         replicas_timeout: float = 0.5,
+        fair_after: float | None = None,
     ) -> None:
-        if not isinstance(name, str) or not name:
-            raise ValueError(f"lock name must be a non-empty string, got {name!r}")
-        if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
-            raise ValueError(f"limit must be an int >= 1, got {limit!r}")
-        if limit > MAX_LIMIT:
-            raise ValueError(f"limit must be at most {MAX_LIMIT} (slots), got {limit!r}")
-        if limit > 1 and not scripting:
-            raise ValueError("limit > 1 needs scripting=True (slots are taken by a script)")
-        if group is not None and (not group or ":" in group):
-            raise ValueError(f"group must be a non-empty string without ':', got {group!r}")
-        self._lease_ms = _lease_ms(timeout, "timeout")
-        _lease_ms(fallback_poll, "fallback_poll")
+        self._fair_ms = fair_ms(fair_after, scripting=scripting)
+        self._lease_ms = check_lock(
+            name,
+            timeout,
+            scripting=scripting,
+            fallback_poll=fallback_poll,
+            token=token,
+            claim=claim,
+            limit=limit,
+            group=group,
+        )
         if isinstance(replicas, bool) or not isinstance(replicas, int) or not 0 <= replicas < 2**63:
             raise ValueError(f"replicas must be an integer >= 0, got {replicas!r}")
-        self._replicas_timeout_ms = _lease_ms(replicas_timeout, "replicas_timeout")
-        for label, given in (("token", token), ("claim", claim)):
-            if given is not None and (not isinstance(given, str) or not given or ":" in given):
-                raise ValueError(f"{label} must be a non-empty string without ':', got {given!r}")
+        self._replicas_timeout_ms = lease_ms(replicas_timeout, "replicas_timeout")
         self.client = client
         self.name = name
         self.timeout = float(timeout)
@@ -210,6 +189,7 @@ class RedisLock(Renewing):
         self.group = group or ""
         self.replicas = replicas
         self.replicas_timeout = float(replicas_timeout)
+        self.fair_after = fair_after
         self.signal_key = companion_key(name, SIGNAL)
         self._fixed_token = token
         self._given_info = holder_info
@@ -228,22 +208,16 @@ class RedisLock(Renewing):
             weakref.WeakKeyDictionary()
         )
         self._reservation = threading.Lock()  # threads of one fixed-token owner take turns
-        info = self._given_info
-        if info is None:
-            info = {"host": socket.gethostname(), "pid": self._pid}
-        self.holder_info = info if isinstance(info, str) else json.dumps(info, sort_keys=True)
-        protocol = self.protocols[self.scripting]
-        if self.limit > 1 or self.group:
-            self.protocol = protocol(
-                self.client,
-                self.name,
-                self.signal_key,
-                self.holder_info,
-                limit=self.limit,
-                group=self.group,
-            )
-        else:
-            self.protocol = protocol(self.client, self.name, self.signal_key, self.holder_info)
+        self.holder_info = holder_text(self._given_info, self._pid)
+        self.protocol = self.protocols[self.scripting](
+            self.client,
+            self.name,
+            self.signal_key,
+            self.holder_info,
+            limit=self.limit,
+            group=self.group,
+            fair_ms=self._fair_ms,
+        )
 
     def __repr__(self) -> str:
         token = self.token
@@ -266,15 +240,12 @@ class RedisLock(Renewing):
             if self._pid != os.getpid():
                 self._start_process()
             me = threading.current_thread()
-            hold = self._holds.get(me)
-            if hold is None and len(self._holds) == 1:
-                hold = next(iter(self._holds.values()))
-                if hold in self._contended.get(me, ()) and hold.thread.is_alive():
-                    # A contender never speaks for a live holder; once the holding thread
-                    # is gone, someone must be able to release what it left (else auto_renew
-                    # would keep it for the life of the process).
-                    return None
-            return hold
+            return hold_for(
+                self._holds.get(me),
+                self._holds.values(),
+                self._contended.get(me, ()),
+                lambda hold: hold.thread.is_alive(),
+            )
 
     def _end(self, hold: Hold, *, keep_turn: bool = False) -> None:
         """Forget ``hold`` locally: renewal stops and, unless ``keep_turn``, a waiting thread
@@ -320,19 +291,7 @@ class RedisLock(Renewing):
         Returns False only when the lock stayed held; Redis errors raise LockBackendError.
         The calling thread must not hold this instance already (LockError).
         """
-        if timeout is not None and (
-            isinstance(timeout, bool)
-            or not isinstance(timeout, (int, float))
-            or (isinstance(timeout, float) and math.isnan(timeout))
-            or timeout < 0
-            or (timeout != math.inf and timeout > MAX_DURATION)
-        ):
-            raise ValueError(
-                f"acquire timeout must be a number of seconds >= 0 and {_AT_MOST}, None or "
-                f"math.inf (wait forever), got {timeout!r}"
-            )
-        if timeout is not None:
-            timeout = None if timeout == math.inf else float(timeout)
+        timeout = wait_for(timeout)
         if self._own_hold() is not None:
             raise LockError("this thread already holds it (RedisLock is not re-entrant)", self.name)
         deadline = None if timeout is None else time.monotonic() + timeout
@@ -369,11 +328,12 @@ class RedisLock(Renewing):
     def _acquire(self, blocking: bool, deadline: float | None) -> Hold | None:
         token = self._fixed_token or self.group + uuid.uuid4().hex
         me = threading.current_thread()
-        poll_ms = max(1, round(self._poll_cap() * 1000))
+        cap = self._poll_cap()
+        poll_ms = max(1, round(cap * 1000))
         queued = False
         while True:
             started = time.monotonic()
-            mode = b"1" if queued else b"0" if blocking else b"x"
+            mode = acquire_mode(queued, blocking)
             try:
                 acquired, number, key = self.protocol.acquire(
                     token, self._lease_ms, mode, self.claim, poll_ms
@@ -383,10 +343,18 @@ class RedisLock(Renewing):
                 acquired = True
             if acquired:
                 return Hold(token, number, me, started + self._lease_ms / 1000, key or self.name)
-            if not blocking:
+            step = next_step(
+                number,
+                blocking=blocking,
+                deadline=deadline,
+                now=time.monotonic(),
+                poll_ms=poll_ms,
+                cap=cap,
+            )
+            if step.next is Next.GIVE_UP:
                 return None
             queued = True
-            if deadline is not None and time.monotonic() >= deadline:
+            if step.next is Next.CANCEL:
                 granted = self.protocol.cancel(token)
                 if granted is None:
                     return None
@@ -395,9 +363,11 @@ class RedisLock(Renewing):
             # (its crash is noticed then), or the fallback period passes. A grant comes
             # after the try that queued us, so ``started`` bounds its lease from below.
             try:
-                granted = self._wait(
-                    min(max(1, number) / 1000 + _MIN_WAIT, poll_ms / 1000), deadline, token
-                )
+                granted = None
+                if step.pop is not None:
+                    granted = self.protocol.wait(token, step.pop)
+                elif step.sleep > 0:
+                    time.sleep(step.sleep)  # the last stretch before a lease ends, exactly
             except BaseException:
                 self._stop_waiting(token)
                 raise
@@ -446,7 +416,7 @@ class RedisLock(Renewing):
 
     def extend(self, timeout: float | None = None) -> None:
         """Set the lease end to server now + ``timeout`` (default: the lease); owner only."""
-        lease_ms = self._lease_ms if timeout is None else _lease_ms(timeout, "timeout")
+        lease = self._lease_ms if timeout is None else lease_ms(timeout, "timeout")
         hold = self._hold()
         if hold is None and self._fixed_token is None:
             raise LockNotOwned("cannot extend a lock this instance does not hold", self.name)
@@ -457,12 +427,12 @@ class RedisLock(Renewing):
         else:
             token = cast("str", self._fixed_token)
             key = self._slot_of(token)
-        if not self.protocol.extend(token, lease_ms, key):
+        if not self.protocol.extend(token, lease, key):
             raise LockNotOwned("cannot extend a lock that is no longer owned", self.name)
         if self.replicas:
             self._replicate()
         if hold is not None and not hold.ended:
-            hold.expires_at = started + lease_ms / 1000
+            hold.expires_at = started + lease / 1000
         self._renewed()
 
     @property
@@ -471,7 +441,13 @@ class RedisLock(Renewing):
         lease's deadline passed with no confirmed renewal. Judged by the local clock from
         the last confirmed lease, so a stalled connection cannot delay it."""
         hold = self._hold()
-        return hold is not None and (hold.lost or time.monotonic() >= hold.expires_at)
+        return hold is not None and hold.lost_by(time.monotonic())
+
+    def ensure_held(self) -> None:
+        """Raise ``LockLost`` when the calling thread's hold can no longer be trusted (see
+        ``lease_lost``), ``LockNotOwned`` when it holds nothing; a check that costs no round
+        trip, for long work to call between steps."""
+        ensure_held(self._hold(), self.name)
 
     def owned(self) -> bool:
         """Whether this instance holds the lock right now, per the server's clock."""
@@ -480,7 +456,7 @@ class RedisLock(Renewing):
             return False
         hold = self._hold()
         now_ms, value, _ = self._inspect(hold.key if hold is not None else self._slot_of(token))
-        return value is not None and value.token == token and value.held_at(now_ms)
+        return owns(value, token, now_ms)
 
     def locked(self) -> bool:
         """Whether anyone holds the lock (any of its slots) right now, per the server's
@@ -491,10 +467,8 @@ class RedisLock(Renewing):
         """Who holds the lock now (token, fencing token, lease left, holder info), or None;
         with several slots, the newest holder (the largest fencing token)."""
         if self.limit == 1:
-            now_ms, value, ttl = self._inspect()
-            return value.holder(now_ms, ttl) if value is not None else None
-        holders = self.holders()
-        return max(holders, key=lambda holder: holder.fence or 0) if holders else None
+            return holder_at(*self._inspect())
+        return newest(self.holders())
 
     def holders(self) -> list[Holder]:
         """Everyone holding the lock now, one per slot held (at most ``limit``).
@@ -505,17 +479,11 @@ class RedisLock(Renewing):
         if self.limit == 1:
             holder = self.holder()
             return [holder] if holder is not None else []
-        now_ms, values = self._held_slots()
-        found = []
-        for _, value, ttl in values:
-            holder = value.holder(now_ms, ttl) if value is not None else None
-            if holder is not None:
-                found.append(holder)
-        return found
+        return holders_at(*self._held_slots())
 
     def slot_key(self, number: int) -> str:
         """The key of slot ``number`` (1 .. ``limit``): the lock key, or ``<base>slot:<i>``."""
-        return self.name if number == 1 else companion_key(self.name, f"{SLOT}{number}")
+        return slot_key(self.name, number)
 
     def slot_keys(self) -> list[str]:
         """The keys of this lock's slots: the lock key, then ``<base>slot:<i>`` (names only:
@@ -533,12 +501,8 @@ class RedisLock(Renewing):
             f"({now_ms}",
             "+inf",
         )
-        numbers = {1}
-        for member in cast("list[bytes | str]", members):
-            number = _slot_number(member)
-            if number is not None and number <= self.limit:
-                numbers.add(number)
-        keys = [self.slot_key(number) for number in sorted(numbers)]
+        numbers = slot_numbers(cast("list[bytes | str]", members), self.limit)
+        keys = [self.slot_key(number) for number in numbers]
         pipe = cast("Any", self.client).pipeline(transaction=False)  # untyped on a cluster
         for key in keys:
             pipe.get(key)
@@ -547,7 +511,7 @@ class RedisLock(Renewing):
         values = []
         for index, key in enumerate(keys):
             raw, ttl = replies[2 * index], replies[2 * index + 1]
-            values.append((key, parse_value(raw) if raw is not None else None, int(ttl)))
+            values.append((key, value_of(raw), int(ttl)))
         return now_ms, values
 
     def _slot_of(self, token: str) -> str | None:
@@ -557,16 +521,13 @@ class RedisLock(Renewing):
         if self.limit == 1:
             return None
         raw = call(self.name, self.client.hget, companion_key(self.name, OWNERS), token)
-        number = _slot_number(raw) if raw is not None else None
+        number = slot_number(raw) if raw is not None else None
         if number is not None:
             key = self.slot_key(number)
-            value = call(self.name, self.client.get, key)
-            if value is not None and parse_value(value).token == token:
+            value = value_of(call(self.name, self.client.get, key))
+            if value is not None and value.token == token:
                 return key
-        _, values = self._held_slots()
-        return next(
-            (key for key, value, _ in values if value is not None and value.token == token), None
-        )
+        return slot_held_by(self._held_slots()[1], token)
 
     def detach(self) -> None:
         """Stop renewing and forget the hold locally, without releasing it: the lock stays
@@ -634,14 +595,14 @@ class RedisLock(Renewing):
         so the caller owns what the server granted; re-raise ``error`` if it did not (or
         the server cannot say), leaving nothing held in our name that we do not know of
         but for a lease the server will end."""
-        if not isinstance(error.__cause__, (redis.ConnectionError, redis.TimeoutError)):
+        if not reply_lost(error):
             raise error
         try:
             key = self._slot_of(token)
             now_ms, value, _ = self._inspect(key)
         except LockBackendError:
             raise error from error.__cause__
-        if value is None or value.token != token or not value.held_at(now_ms):
+        if value is None or not owns(value, token, now_ms):
             granted = self._cancel_quietly(token) if queued else None
             if granted is None:
                 raise error
@@ -658,24 +619,9 @@ class RedisLock(Renewing):
             return None
 
     def _poll_cap(self) -> float:
-        """The longest single block: the fallback poll, and never near the client's socket
-        timeout (a BLPOP must return before the connection gives up on it)."""
-        cap = socket_timeout(self.client)
-        return self.fallback_poll if cap is None else min(self.fallback_poll, cap * _SOCKET_SHARE)
-
-    def _wait(self, seconds: float, deadline: float | None, token: str) -> Grant | None:
-        """Block for at most ``seconds`` (never past ``deadline``) until a release hands the
-        lock to ``token`` (its fencing token is returned) or wakes us (None)."""
-        if deadline is not None:
-            seconds = min(seconds, deadline - time.monotonic())
-        seconds = min(seconds, self._poll_cap())
-        if seconds > _TIMER_SLACK + _BLPOP_MARGIN:
-            # The server checks BLPOP timeouts only on its timer tick, up to ~0.1 s late:
-            # ask for less and wake early rather than late.
-            return self.protocol.wait(token, round(seconds - _TIMER_SLACK, 3))
-        if seconds > 0:
-            time.sleep(seconds)  # the last stretch before a lease ends, timed here exactly
-        return None
+        """The longest single block (``rules.poll_cap``: the fallback poll, never near the
+        client's socket timeout)."""
+        return poll_cap(self.fallback_poll, socket_timeout(self.client))
 
     def _inspect(self, key: str | None = None) -> tuple[int, LockValue | None, int | None]:
         """Server time, the parsed value of ``key`` (default: the lock key) and its PTTL (one
@@ -695,4 +641,4 @@ class RedisLock(Renewing):
             pipe.pttl(key)
             reply, raw, ttl = call(self.name, pipe.execute)
             now_ms = time_reply(reply)[0]
-        return now_ms, (parse_value(raw) if raw is not None else None), int(ttl)
+        return now_ms, value_of(raw), int(ttl)

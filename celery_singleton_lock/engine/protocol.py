@@ -5,12 +5,16 @@ the single round trip (or the WATCH transaction) that does it. ``scripted`` runs
 scripts of ``scripts``; ``plain`` runs the classic SETNX / GET / GETSET commands for
 servers where EVAL is disabled. Both write and read the same value (``value``), so locks of
 either mode exclude each other.
+
+The parts without a client — the keys of the waiters' queue (:class:`LockKeys`) and what a
+waiter's BLPOP or a cancelled wait brought — are shared with the asyncio protocol
+(:mod:`.aio_protocol`), which awaits the same calls.
 """
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from typing import NamedTuple, cast
+from typing import Any, NamedTuple, cast
 
 from celery_singleton_lock.engine.constants import GRACE_BASE_MS, GRACE_FRACTION, SIGNAL_TTL_MS
 from celery_singleton_lock.engine.keyspace import GRANT, QUEUE, WAITER, companion_key
@@ -22,9 +26,14 @@ __all__ = [
     "SIGNAL_TTL_MS",
     "Attempt",
     "Grant",
+    "LockKeys",
     "Protocol",
+    "cancel_commands",
+    "cancelled",
     "grace_ms",
+    "granted_to",
     "parse_grant",
+    "popped_grant",
 ]
 
 
@@ -58,27 +67,72 @@ class Attempt(NamedTuple):
     key: str | None = None
 
 
-class Protocol(ABC):
-    """How one lock talks to Redis. ``name`` is the lock key, ``signal_key`` the waiters'
-    wake-up list in the same hash slot, ``info`` the holder info stored in the value."""
+def popped_grant(reply: Any, grant_key: str) -> Grant | None:
+    """What a waiter's ``BLPOP <grant list> <signal list>`` brought: the grant when the
+    release handed the lock to it (it then holds it), None after a wake-up or a timeout."""
+    if not reply:
+        return None
+    key, value = cast("tuple[bytes | str, bytes | str]", reply)
+    if (key.decode() if isinstance(key, bytes) else key) != grant_key:
+        return None  # a wake-up: try again
+    return parse_grant(value)
+
+
+def cancel_commands(pipe: Any, keys: LockKeys, token: str) -> None:
+    """Queue on ``pipe`` (a non-transactional pipeline, sync or asyncio) what a waiter that
+    stops waiting sends: drop its place, pop a grant that came meanwhile, and clean up. No
+    transaction is needed (and none would run at maxmemory): a release pops a waiter and
+    pushes its grant in one step, so once ZREM finds us gone, any grant for us is already
+    there."""
+    pipe.zrem(keys.queue_key, token)
+    pipe.lpop(keys.grant_key(token))
+    pipe.delete(keys.waiter_key(token))  # one key per DEL: cluster pipelines need that
+    pipe.delete(keys.grant_key(token))
+
+
+def cancelled(replies: list[Any]) -> Grant | None:
+    """The grant handed to a waiter that stopped waiting (to be checked against the key,
+    ``granted_to``), from the replies to ``cancel_commands``; None when it was still queued
+    (nothing was handed to it)."""
+    queued, grant, _, _ = replies
+    if queued or grant is None:
+        return None
+    return parse_grant(grant)
+
+
+def granted_to(handed: Grant, raw: bytes | str | None, token: str) -> Grant | None:
+    """``handed`` if the key it names (read: ``raw``) is still held under ``token``; None
+    when it was handed over, then lost again: nothing is ours."""
+    current = raw.decode("utf-8", "replace") if isinstance(raw, bytes) else str(raw)
+    if raw is None or current.split(":", 3)[2:3] != [token]:
+        return None
+    return handed
+
+
+class LockKeys:
+    """The keys and constant arguments of one lock's protocol, with no client: ``name`` is
+    the lock key, ``signal_key`` the waiters' wake-up list in the same hash slot, ``info``
+    the holder info stored in the value; ``limit`` how many holders at once (slots) and
+    ``group`` a token prefix that may hold one. Shared by the protocols of both engines."""
 
     def __init__(
         self,
-        client: LockClient,
         name: str,
         signal_key: str,
         info: str,
         *,
         limit: int = 1,
         group: str = "",
+        fair_ms: int = 0,
     ) -> None:
-        self.client = client
         self.name = name
         self.signal_key = signal_key
         self.info = info
         #: How many holders at once (slots); ``group``: a token prefix that may hold one.
         self.limit = limit
         self.group = group
+        #: ``fair_after`` in ms (0: always hand over to the first waiter).
+        self.fair_ms = fair_ms
         # The waiters' queue (see ``scripts``), in the lock's hash slot.
         self.queue_key = companion_key(name, QUEUE)
         self.waiter_prefix = companion_key(name, WAITER)
@@ -91,6 +145,24 @@ class Protocol(ABC):
     def grant_key(self, token: str) -> str:
         """The list a release pushes onto when it hands the lock to waiter ``token``."""
         return self.grant_prefix + token
+
+
+class Protocol(LockKeys, ABC):
+    """How one lock talks to Redis (see :class:`LockKeys` for the arguments)."""
+
+    def __init__(
+        self,
+        client: LockClient,
+        name: str,
+        signal_key: str,
+        info: str,
+        *,
+        limit: int = 1,
+        group: str = "",
+        fair_ms: int = 0,
+    ) -> None:
+        super().__init__(name, signal_key, info, limit=limit, group=group, fair_ms=fair_ms)
+        self.client = client
 
     @abstractmethod
     def acquire(
@@ -121,32 +193,17 @@ class Protocol(ABC):
         release handed the lock to ``token`` (it is then held), else None."""
         grant = self.grant_key(token)
         reply = call(self.name, self.client.blpop, [grant, self.signal_key], timeout=seconds)
-        if not reply:
-            return None
-        key, value = cast("tuple[bytes | str, bytes | str]", reply)
-        if (key.decode() if isinstance(key, bytes) else key) != grant:
-            return None  # a wake-up: try again
-        return parse_grant(value)
+        return popped_grant(reply, grant)
 
     def cancel(self, token: str) -> Grant | None:
         """A waiter stops waiting: drop its place; the grant if the lock was handed to it
-        meanwhile (it then holds it), else None. No transaction is needed (and none
-        would run at maxmemory): a release pops a waiter and pushes its grant in one step,
-        so once ZREM finds us gone, any grant for us is already there."""
+        meanwhile (it then holds it), else None (see ``cancel_commands``)."""
         pipe = self.client.pipeline(transaction=False)
-        pipe.zrem(self.queue_key, token)
-        pipe.lpop(self.grant_key(token))
-        pipe.delete(self.waiter_key(token))  # one key per DEL: cluster pipelines need that
-        pipe.delete(self.grant_key(token))
-        queued, grant, _, _ = call(self.name, pipe.execute)
-        if queued or grant is None:
+        cancel_commands(pipe, self, token)
+        handed = cancelled(call(self.name, pipe.execute))
+        if handed is None:
             return None
-        handed = parse_grant(grant)
-        raw = call(self.name, self.client.get, handed.key or self.name)
-        current = raw.decode("utf-8", "replace") if isinstance(raw, bytes) else str(raw)
-        if raw is None or current.split(":", 3)[2:3] != [token]:
-            return None  # handed over, then lost again: nothing is ours
-        return handed
+        return granted_to(handed, call(self.name, self.client.get, handed.key or self.name), token)
 
     def server_time(self) -> tuple[int, int]:
         """The clock of the server that holds the key, as (milliseconds, microseconds)."""

@@ -4,21 +4,97 @@ line (see :mod:`.scripts`)."""
 
 from __future__ import annotations
 
-from typing import Any, cast
+from typing import Any, NamedTuple, cast
 
 import redis
 
-from celery_singleton_lock.engine.protocol import Attempt, Protocol
-from celery_singleton_lock.engine.scripts import SCRIPTS
+from celery_singleton_lock.engine.protocol import Attempt, LockKeys, Protocol
+from celery_singleton_lock.engine.scripts import SCRIPTS, Script
 from celery_singleton_lock.engine.wire import LockClient, backend_error, call
 from celery_singleton_lock.exceptions import LockBackendError
 
-__all__ = ["ScriptedProtocol", "extend_all"]
+__all__ = ["ScriptCall", "ScriptCalls", "ScriptedProtocol", "extend_all"]
 
 _ACQUIRE = SCRIPTS["acquire"]
 _RELEASE = SCRIPTS["release"]
 _EXTEND = SCRIPTS["extend"]
 _ACQUIRE_SLOTS = SCRIPTS["acquire_slots"]
+
+
+class ScriptCall(NamedTuple):
+    """One EVALSHA to send: the script, how many of ``args`` are keys, and the keys then
+    the arguments."""
+
+    script: Script
+    numkeys: int
+    args: tuple[bytes | int | str, ...]
+
+
+class ScriptCalls:
+    """What each scripted operation of one lock sends and what its reply means, with no
+    I/O: the sync protocol below and the asyncio one (:mod:`.aio_protocol`) both build
+    their calls and read their replies here. Arguments that never change for the lock are
+    encoded once."""
+
+    def __init__(self, keys: LockKeys) -> None:
+        self.limit = keys.limit
+        self._name_b = keys.name.encode()
+        self._queue_b = keys.queue_key.encode()
+        self._info_b = keys.info.encode()
+        self._limit_b = str(keys.limit).encode()
+        self._group_b = keys.group.encode()
+        self._fair_ms = keys.fair_ms
+
+    def acquire(
+        self, token: str, lease_ms: int, mode: bytes, claim: str = "", poll_ms: int = 1000
+    ) -> ScriptCall:
+        """ACQUIRE (ACQUIRE_SLOTS with several slots); its reply: ``attempt``."""
+        args: tuple[bytes | int | str, ...] = (token, lease_ms, self._info_b, mode, poll_ms)
+        if self.limit > 1:
+            args += (self._limit_b, self._group_b)
+        if claim:
+            args += (claim,)
+        script = _ACQUIRE_SLOTS if self.limit > 1 else _ACQUIRE
+        return ScriptCall(script, 2, (self._name_b, self._queue_b, *args))
+
+    def attempt(self, result: Any) -> Attempt:
+        """ACQUIRE's reply: acquired with the fencing token (and the slot taken, with
+        several), or held, with the milliseconds until the holder's lease ends."""
+        if int(result[0]) != 1:
+            return Attempt(False, int(result[1]))
+        if self.limit > 1:
+            slot = result[3]
+            return Attempt(
+                True, int(result[1]), slot.decode() if isinstance(slot, bytes) else str(slot)
+            )
+        return Attempt(True, int(result[1]))
+
+    def release(
+        self, token: str, record: tuple[str, str, int] | None = None, key: str | None = None
+    ) -> ScriptCall:
+        """RELEASE of ``key`` (the lock key, or a slot); its reply is an int (0 not owned,
+        1 released, 2 released and waiters signalled, 3 handed over)."""
+        target = key or self._name_b
+        fair: tuple[int, ...] = (self._fair_ms,) if self._fair_ms else ()
+        if record is None:
+            if fair:
+                return ScriptCall(
+                    _RELEASE, 2, (target, self._queue_b, token, self._limit_b, "", 0, *fair)
+                )
+            return ScriptCall(_RELEASE, 2, (target, self._queue_b, token, self._limit_b))
+        where, value, ttl_ms = record
+        return ScriptCall(
+            _RELEASE,
+            3,
+            (target, self._queue_b, where, token, self._limit_b, value, ttl_ms, *fair),
+        )
+
+    def extend(self, token: str, lease_ms: int, key: str | None = None) -> ScriptCall:
+        """EXTEND of ``key``; its reply is the new expiry (ms), 0 when not owned."""
+        target = key or self._name_b
+        if self.limit > 1:  # the slot index follows the slot's lease (EXTEND's ARGV[3])
+            return ScriptCall(_EXTEND, 1, (target, token, lease_ms, b"s"))
+        return ScriptCall(_EXTEND, 1, (target, token, lease_ms))
 
 
 class ScriptedProtocol(Protocol):
@@ -33,69 +109,28 @@ class ScriptedProtocol(Protocol):
         *,
         limit: int = 1,
         group: str = "",
+        fair_ms: int = 0,
     ) -> None:
-        super().__init__(client, name, signal_key, info, limit=limit, group=group)
-        # Arguments that never change for this lock, encoded once.
-        self._name_b = name.encode()
-        self._queue_b = self.queue_key.encode()
-        self._info_b = info.encode()
-        self._limit_b = str(limit).encode()
-        self._group_b = group.encode()
+        super().__init__(client, name, signal_key, info, limit=limit, group=group, fair_ms=fair_ms)
+        self.calls = ScriptCalls(self)
+
+    def _run(self, sent: ScriptCall) -> Any:
+        return call(self.name, sent.script, self.client, sent.numkeys, *sent.args)
 
     def acquire(
         self, token: str, lease_ms: int, mode: bytes, claim: str = "", poll_ms: int = 1000
     ) -> Attempt:
-        args: tuple[bytes | int | str, ...] = (token, lease_ms, self._info_b, mode, poll_ms)
-        if self.limit > 1:
-            args += (self._limit_b, self._group_b)
-            if claim:
-                args += (claim,)
-            result = call(
-                self.name, _ACQUIRE_SLOTS, self.client, 2, self._name_b, self._queue_b, *args
-            )
-            if int(result[0]) == 1:
-                slot = result[3]
-                return Attempt(
-                    True, int(result[1]), slot.decode() if isinstance(slot, bytes) else str(slot)
-                )
-            return Attempt(False, int(result[1]))
-        if claim:
-            args += (claim,)
-        result = call(self.name, _ACQUIRE, self.client, 2, self._name_b, self._queue_b, *args)
-        return Attempt(int(result[0]) == 1, int(result[1]))
+        return self.calls.attempt(
+            self._run(self.calls.acquire(token, lease_ms, mode, claim, poll_ms))
+        )
 
     def release(
         self, token: str, record: tuple[str, str, int] | None = None, key: str | None = None
     ) -> int:
-        target = key or self._name_b
-        if record is None:
-            return int(
-                call(
-                    self.name, _RELEASE, self.client, 2, target, self._queue_b, token, self._limit_b
-                )
-            )
-        where, value, ttl_ms = record
-        return int(
-            call(
-                self.name,
-                _RELEASE,
-                self.client,
-                3,
-                target,
-                self._queue_b,
-                where,
-                token,
-                self._limit_b,
-                value,
-                ttl_ms,
-            )
-        )
+        return int(self._run(self.calls.release(token, record, key)))
 
     def extend(self, token: str, lease_ms: int, key: str | None = None) -> int:
-        target = key or self._name_b
-        if self.limit > 1:  # the slot index follows the slot's lease (EXTEND's ARGV[3])
-            return int(call(self.name, _EXTEND, self.client, 1, target, token, lease_ms, b"s"))
-        return int(call(self.name, _EXTEND, self.client, 1, target, token, lease_ms))
+        return int(self._run(self.calls.extend(token, lease_ms, key)))
 
 
 def extend_all(

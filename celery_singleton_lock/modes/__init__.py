@@ -22,6 +22,8 @@ from celery_singleton_lock.modes.base import ConflictPolicy, Mode, Scope
 from celery_singleton_lock.modes.debounce import Debounce
 from celery_singleton_lock.modes.followup import Coalesce, Replace
 from celery_singleton_lock.modes.lifetime import HoldAfterSuccess, ReleaseAtStart
+from celery_singleton_lock.modes.order import Order
+from celery_singleton_lock.modes.park import Park
 from celery_singleton_lock.modes.policies import Raise, Retry, Skip, Wait
 from celery_singleton_lock.modes.scope import QueueScope, RunScope
 from celery_singleton_lock.modes.throttle import Throttle
@@ -43,14 +45,17 @@ __all__ = [
 
 #: ``lock_on_conflict`` values and the policy each one names.
 POLICIES: Mapping[str, ConflictPolicy] = MappingProxyType(
-    {policy.name: policy for policy in (Skip(), Wait(), Retry(), Raise(), Coalesce(), Replace())}
+    {
+        policy.name: policy
+        for policy in (Skip(), Wait(), Retry(), Raise(), Coalesce(), Replace(), Park())
+    }
 )
 #: ``lock_scope`` values and the scope each one names.
 SCOPES: Mapping[str, Scope] = MappingProxyType(
     {scope.name: scope for scope in (RunScope(), QueueScope())}
 )
 #: The modes some options switch on, in the order their hooks run.
-MODES: tuple[type[Mode], ...] = (Debounce, Throttle, ReleaseAtStart, HoldAfterSuccess)
+MODES: tuple[type[Mode], ...] = (Debounce, Order, Throttle, ReleaseAtStart, HoldAfterSuccess)
 
 #: Every rule about options that cannot go together: the options' own, then each mode's.
 COMBINATIONS: tuple[Combination, ...] = OPTION_RULES + tuple(

@@ -14,20 +14,30 @@ from the runtime.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, ClassVar, Protocol
+from typing import TYPE_CHECKING, Any, ClassVar, NamedTuple, Protocol
 
 if TYPE_CHECKING:
     from celery.result import AsyncResult
 
     from celery_singleton_lock._observe import RunLock
     from celery_singleton_lock.engine import Holder, RedisLock
-    from celery_singleton_lock.engine.atomic import Handed, Record
+    from celery_singleton_lock.engine.atomic import Record
     from celery_singleton_lock.engine.wire import LockClient
     from celery_singleton_lock.options import Combination, LockOptions, Settings
 
     AnyResult = AsyncResult[Any]
 
-__all__ = ["ConflictPolicy", "Mode", "Publish", "Release", "Run", "Scope"]
+__all__ = ["ConflictPolicy", "HandedCall", "Mode", "Publish", "Release", "Run", "Scope"]
+
+
+class HandedCall(NamedTuple):
+    """A call of a task that was just handed its key (a follow-up, a parked call): published
+    again under its own task id, past the lock."""
+
+    task_id: str
+    args: tuple[Any, ...]
+    kwargs: dict[str, Any]
+    options: dict[str, Any]
 
 
 class Release(Protocol):
@@ -46,8 +56,9 @@ class Release(Protocol):
     def record(self) -> Record | None:
         """What the release writes in the same step (queue scope: who finished), or None."""
 
-    def republish(self, handed: Handed) -> None:
-        """Publish a follow-up that was just handed this key, past the lock."""
+    def publish_past_lock(self, call: HandedCall) -> None:
+        """Publish a call of this task that was just handed the key (a follow-up, a parked
+        call) under its own task id, past the lock."""
 
     def released(self, state: str | None, *, held: bool, hold: float = 0.0) -> None:
         """Report how the hold ended: ``held`` False when the lease was found lost (the key
@@ -81,6 +92,10 @@ class Run(Release, Protocol):
     def retries(self) -> int: ...
     @property
     def eager(self) -> bool: ...
+    @property
+    def serializer(self) -> str:
+        """The task's message serializer."""
+
     def header(self, name: str) -> Any:
         """A header of the delivered message (None when absent)."""
 
@@ -152,6 +167,12 @@ class Publish(Protocol):
         """The queue lock a publish of ``task_id`` takes (a token derived from the id)."""
 
     def result(self, task_id: str) -> AnyResult: ...
+    @property
+    def prefix(self) -> str:
+        """``singleton_lock_prefix``."""
+
+    def publish_past_lock(self, call: HandedCall) -> None:
+        """Publish a call of this task that was just handed the key, past the lock."""
 
 
 class Mode:
@@ -167,6 +188,11 @@ class Mode:
     def applies(cls, options: LockOptions) -> bool:
         """Whether a task with these effective options uses this mode."""
         return False
+
+    def claim(self, task_id: str, options: LockOptions) -> str | None:
+        """The owner token whose hold a delivery of ``task_id`` takes over, if any (a hold
+        taken for it at publish, or handed to it while it was parked)."""
+        return None
 
     def worker_problem(self, options: LockOptions, pool: type | None) -> str | None:
         """Why a worker running tasks with these options on this pool class (None when
@@ -217,10 +243,6 @@ class Scope(Mode):
 
     #: Whether a publish takes the lock (and a duplicate call publishes nothing).
     at_publish: ClassVar[bool] = False
-
-    def claim(self, task_id: str, options: LockOptions) -> str | None:
-        """The owner token whose hold a delivery of ``task_id`` takes over, if any."""
-        return None
 
     def carried_key(self, run_key: str | None) -> str | None:
         """The key a run locks when its message carries one (``run_key``), else None."""

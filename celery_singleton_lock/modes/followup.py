@@ -26,12 +26,12 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from celery import states
 from celery.exceptions import Ignore
-from kombu.serialization import dumps
+from kombu.serialization import dumps, loads
 
 from celery_singleton_lock import _observe as observe
 from celery_singleton_lock.engine import atomic
 from celery_singleton_lock.exceptions import LockBackendError, TaskLocked
-from celery_singleton_lock.modes.base import ConflictPolicy
+from celery_singleton_lock.modes.base import ConflictPolicy, HandedCall
 from celery_singleton_lock.modes.policies import UNCOUNTED_RETRY, refuse_in_canvas, tell
 from celery_singleton_lock.options import Combination, no_scripts
 
@@ -159,7 +159,13 @@ class Coalesce(ConflictPolicy):
                 lock.name,
                 outcome.task_id,
             )
-            ending.republish(outcome)
+            args, kwargs = loads(
+                outcome.body, outcome.content_type, outcome.encoding, accept={outcome.content_type}
+            )
+            handed = HandedCall(
+                outcome.task_id, tuple(args), dict(kwargs), json.loads(outcome.options)
+            )
+            ending.publish_past_lock(handed)
         return True
 
     # -- a call while the key is held -------------------------------------------------------

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from celery_singleton_lock import _observe as observe
 from celery_singleton_lock.exceptions import TaskLocked, TaskThrottled
+from celery_singleton_lock.explain import conflict_explanation
 from celery_singleton_lock.modes.base import ConflictPolicy
 
 if TYPE_CHECKING:
@@ -25,6 +26,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "CANVAS_OPTIONS",
+    "WAIT",
     "Raise",
     "Retry",
     "Skip",
@@ -134,7 +136,8 @@ def publish_conflict(call: Publish, lock: RedisLock, *, raises: bool) -> AnyResu
     refuse_in_canvas(call, key, holder_id, f"would be a duplicate of {holder_id}")
     if raises or holder_id is None:
         observe.conflict(task, key, None, policy="raise", scope="queue", holder_task_id=holder_id)
-        raise TaskLocked(key, holder_id)
+        explanation = conflict_explanation(call.client, key, call.options, task=task.name)
+        raise TaskLocked(key, holder_id, explanation=explanation)
     observe.conflict(task, key, None, policy="skip", scope="queue", holder_task_id=holder_id)
     log.info("%s not published: %s is queued or running as %s", task.name, key, holder_id)
     return call.result(holder_id)
@@ -159,6 +162,7 @@ class Skip(ConflictPolicy):
             key=run.key,
             task_id=run.task_id,
             holder_task_id=holder_id,
+            explanation=conflict_explanation(run.client, run.key, run.options, task=run.task.name),
         )
         return None
 
@@ -172,6 +176,7 @@ class Skip(ConflictPolicy):
             task_id=run.task_id,
             holder_task_id=None,
             reason="throttled",
+            explanation=conflict_explanation(run.client, run.key, run.options, task=run.task.name),
         )
         return False
 
@@ -232,7 +237,8 @@ class Wait(ConflictPolicy):
         return run.lock.acquire(blocking=True, timeout=run.options.wait)
 
     def conflict(self, run: Run, holder: Holder | None) -> Any:
-        raise TaskLocked(run.key, holder.task_id if holder else None)
+        explanation = conflict_explanation(run.client, run.key, run.options, task=run.task.name)
+        raise TaskLocked(run.key, holder.task_id if holder else None, explanation=explanation)
 
     def throttled(self, run: Run, retry_in: float) -> bool:
         limit = run.options.wait
@@ -264,6 +270,9 @@ def _log_wait(run: Run) -> None:
     )
 
 
+WAIT = Wait()
+
+
 class Raise(ConflictPolicy):
     """The task fails with ``TaskLocked`` (``TaskThrottled`` when throttled)."""
 
@@ -271,7 +280,8 @@ class Raise(ConflictPolicy):
 
     def conflict(self, run: Run, holder: Holder | None) -> Any:
         tell(run, "raise", holder)
-        raise TaskLocked(run.key, holder.task_id if holder else None)
+        explanation = conflict_explanation(run.client, run.key, run.options, task=run.task.name)
+        raise TaskLocked(run.key, holder.task_id if holder else None, explanation=explanation)
 
     def throttled(self, run: Run, retry_in: float) -> bool:
         run.give_back()

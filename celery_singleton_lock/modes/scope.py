@@ -12,13 +12,15 @@ from __future__ import annotations
 
 import hashlib
 import logging
-from typing import TYPE_CHECKING
+import time
+from typing import TYPE_CHECKING, NoReturn
 
+from celery import states
 from celery.exceptions import Ignore
 
 from celery_singleton_lock.engine.keyspace import DONE, companion_key
 from celery_singleton_lock.engine.wire import call
-from celery_singleton_lock.exceptions import LockBackendError
+from celery_singleton_lock.exceptions import LockBackendError, ResultLost
 from celery_singleton_lock.modes.base import Scope
 
 if TYPE_CHECKING:
@@ -26,9 +28,21 @@ if TYPE_CHECKING:
     from celery_singleton_lock.modes.base import Release, Run
     from celery_singleton_lock.options import LockOptions
 
-__all__ = ["QueueScope", "RunScope", "finished", "queue_token", "task_group"]
+__all__ = [
+    "RESULT_GRACE",
+    "QueueScope",
+    "RunScope",
+    "drop_late_copy",
+    "finished",
+    "queue_token",
+    "task_group",
+]
 
 log = logging.getLogger("celery_singleton_lock.task")
+
+#: How long (seconds) a late copy of a finished run waits for that run's result to show in
+#: the result backend before it takes the result for lost.
+RESULT_GRACE = 2.0
 
 
 def queue_token(task_id: str, limit: int = 1) -> str:
@@ -52,6 +66,42 @@ def finished(lock: RedisLock, task_id: str) -> bool:
     """Whether a run of ``task_id`` finished under ``lock``'s key lately (within the time
     its task id is kept: see ``Mode.finished_keep``)."""
     return call(lock.name, lock.client.zscore, companion_key(lock.name, DONE), task_id) is not None
+
+
+def drop_late_copy(run: Run, why: str) -> NoReturn:
+    """End a copy of a message whose run finished without running it (``Ignore``): the
+    first delivery's result stands. When the result backend has none after
+    ``RESULT_GRACE`` seconds (that worker died between the end of the run and storing the
+    result), store ``ResultLost`` as the call's failure, so it still ends in a visible
+    state rather than ``PENDING`` for ever."""
+    log.info("%s[%s] not run again: %s", run.task.name, run.task_id, why)
+    task = run.task
+    if getattr(task, "ignore_result", False) or run.eager:
+        raise Ignore
+    backend = task.backend
+    deadline = time.monotonic() + RESULT_GRACE
+    try:
+        while task.backend.get_task_meta(run.task_id, cache=False)["status"] not in (
+            states.READY_STATES
+        ):
+            if time.monotonic() >= deadline:
+                log.error(
+                    "%s[%s]: its run finished under %s, but no result was stored; "
+                    "storing ResultLost",
+                    task.name,
+                    run.task_id,
+                    run.key,
+                )
+                backend.mark_as_failure(
+                    run.task_id, ResultLost(run.task_id, run.key), request=run.request
+                )
+                break
+            time.sleep(0.1)
+    except (NotImplementedError, AttributeError):  # no result backend
+        pass
+    except Exception:  # a backend error must not run the work again either
+        log.exception("%s[%s]: could not check the stored result", task.name, run.task_id)
+    raise Ignore
 
 
 class RunScope(Scope):
@@ -79,12 +129,7 @@ class QueueScope(Scope):
         those the broker marks as redelivered: a message can be published twice."""
         if finished(run.lock, run.task_id):
             run.lock.release()
-            log.info(
-                "%s[%s] not run again: an earlier delivery of it finished",
-                run.task.name,
-                run.task_id,
-            )
-            raise Ignore
+            drop_late_copy(run, "an earlier delivery of it finished")
         return True
 
     def retried(self, ending: Release) -> bool:

@@ -321,13 +321,17 @@ class Skip:
     """How a run was skipped as a duplicate: the lock ``key`` it found held, the task id
     of the run holding it (None when unknown), the task's name, when (Unix time), and why:
     ``reason`` is ``"held"`` (another run held the key) or ``"throttled"`` (the key's
-    ``lock_rate_limit`` was used up)."""
+    ``lock_rate_limit`` was used up). ``explanation`` is why the key blocked as the run was
+    skipped (its holders, waiters, throttle ...: ``Explanation.as_json()`` of
+    :mod:`celery_singleton_lock.explain`, read back with ``Explanation.from_json``), None
+    when it could not be read."""
 
     key: str
     holder_task_id: str | None
     task: str
     at: float
     reason: str = "held"
+    explanation: dict[str, Any] | None = None
 
 
 def skip_info(result: AsyncResult[Any], app: Celery | None = None) -> Skip | None:
@@ -347,10 +351,12 @@ def skip_info(result: AsyncResult[Any], app: Celery | None = None) -> Skip | Non
         return None
     record = json.loads(raw)
     holder = record.get("holder_task_id")
+    explanation = record.get("explanation")
     return Skip(
         key=str(record["key"]),
         holder_task_id=str(holder) if holder is not None else None,
         task=str(record.get("task", "")),
         at=float(record.get("at", 0.0)),
         reason=str(record.get("reason", "held")),
+        explanation=explanation if isinstance(explanation, dict) else None,
     )

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, cast
 
 import redis
+from celery.exceptions import ImproperlyConfigured
 from redis.cluster import RedisCluster
 
 from celery_singleton_lock._observe import skip_record_key
@@ -32,6 +33,7 @@ from celery_singleton_lock.config import settings_for
 from celery_singleton_lock.engine import scripts
 from celery_singleton_lock.engine.keyspace import SLOT, SUFFIXES, companion_key
 from celery_singleton_lock.engine.wire import LockClient, wait_for_replicas
+from celery_singleton_lock.runtime.locking import locking_for
 
 if TYPE_CHECKING:
     from celery import Celery
@@ -161,6 +163,59 @@ def _clock(client: LockClient) -> Check:
     return Check("clock", OK, detail)
 
 
+def parking_tasks(app: Celery) -> list[str]:
+    """The tasks of ``app`` whose calls park in the lock Redis (``lock_on_conflict="park"``),
+    by name; a task whose options are invalid is left to the worker to refuse."""
+    with contextlib.suppress(Exception):  # a task module that fails to import
+        app.loader.import_default_modules()
+    parking = []
+    for name, task in sorted(app.tasks.items()):
+        try:
+            locking = locking_for(task)
+        except ImproperlyConfigured:
+            continue
+        if locking is not None and locking.options.on_conflict == "park":
+            parking.append(name)
+    return parking
+
+
+def _durability(client: LockClient, parking: list[str]) -> Check:
+    """A parked call lives only in the lock Redis: warn when a restart would lose it."""
+    if not parking:
+        return Check(
+            "durability",
+            OK,
+            "no task parks (lock_on_conflict='park'): no call lives only in the lock Redis",
+        )
+    named = ", ".join(parking[:3]) + (" ..." if len(parking) > 3 else "")
+    replicas = int(client.info("replication").get("connected_slaves", 0) or 0)
+    if int(client.info("persistence").get("aof_enabled", 0) or 0):
+        return Check(
+            "durability", OK, f"append-only file on: calls parked by {named} outlive a restart"
+        )
+    if replicas:
+        return Check(
+            "durability",
+            OK,
+            f"{replicas} replica(s): calls parked by {named} "
+            "outlive a failover (set lock_replicas to wait for them)",
+        )
+    save = ""
+    with contextlib.suppress(redis.ResponseError):  # CONFIG may be refused to this user
+        save = str(dict(cast("Any", client.config_get("save"))).get("save", ""))
+    kept = (
+        f"snapshots only (save {save!r}): a restart loses the calls parked since the last one"
+        if save
+        else "no persistence and no replica: a restart loses every parked call"
+    )
+    return Check(
+        "durability",
+        WARN,
+        f"{named} park calls in the lock Redis, which has {kept}; "
+        "turn on appendonly, or add a replica",
+    )
+
+
 def _why(exc: Exception) -> str:
     """A Redis error in a few words: not permitted, unknown command, or its message."""
     text = str(exc)  # an EXEC refused by the ACL is an EXECABORT that quotes the NOPERM
@@ -222,16 +277,22 @@ PLAIN_COMMANDS = frozenset(
         "WAIT",
     }
 )
+#: What a run reads to explain a conflict it meets (``TaskLocked.explanation``, the skip
+#: record's; ``celery_singleton_lock.explain``), in either mode: one pipeline of reads.
+EXPLAIN_COMMANDS = frozenset(
+    ("TIME", "GET", "PTTL", "HMGET", "ZCARD", "ZCOUNT", "ZRANGE", "ZRANGEBYSCORE", "ZREVRANGE")
+) | {"ZSCORE"}
 #: What the admin tools send (``celery locks list`` reads each key's waiters and pending
 #: follow-up; ``clear`` marks a cleared slot free in its index); tasks of the plain-command
 #: mode do not need it.
-ADMIN_COMMANDS = ("SCAN", "TYPE", "ZRANGE", "HGET", "MGET", "ZADD")
+ADMIN_COMMANDS = ("SCAN", "TYPE", "ZRANGE", "ZCARD", "HGET", "MGET", "ZADD")
 
 
 def needed_commands(scripting: bool) -> frozenset[str]:
     """Every command the locks send in the given mode (the scripted set is derived from the
     registered scripts, so a script that starts using a command is probed for it)."""
-    return scripts.commands() | SCRIPTED_CLIENT_COMMANDS if scripting else PLAIN_COMMANDS
+    mode = scripts.commands() | SCRIPTED_CLIENT_COMMANDS if scripting else PLAIN_COMMANDS
+    return mode | EXPLAIN_COMMANDS
 
 
 def _probe_keys(key: str) -> dict[str, str]:
@@ -307,6 +368,10 @@ def _probe_table(client: LockClient, key: str) -> dict[str, Probe]:
         "ZREM": lambda: client.zrem(queue, "probe"),
         "ZREMRANGEBYSCORE": lambda: client.zremrangebyscore(k["STARTS"], "-inf", 0),
         "ZSCORE": lambda: client.zscore(k["DONE"], "probe"),
+        "ZRANK": lambda: client.zrank(k["PARKED"], "probe"),
+        "ZCOUNT": lambda: client.zcount(k["STARTS"], 0, "+inf"),
+        "ZREVRANGE": lambda: client.zrevrange(k["STARTS"], 0, 0),
+        "INCR": lambda: cast("Any", client).execute_command("INCR", k["SEQ"]),  # not INCRBY
         "HSET": lambda: client.hset(pending, "id", "probe"),
         "HEXISTS": lambda: client.hexists(pending, "id"),
         "HGET": lambda: client.hget(pending, "id"),
@@ -390,6 +455,7 @@ def run_checks(app: Celery) -> Report:
         _guarded("eviction", lambda: _eviction(client)),
         _guarded("scripting", lambda: _scripting(client, settings.scripting)),
         _guarded("clock", lambda: _clock(client)),
+        _guarded("durability", lambda: _durability(client, parking_tasks(app))),
         *_permissions(client, settings.prefix, settings.scripting),
     ]
     return Report(mask_url(settings.url), settings.prefix, settings.scripting, tuple(checks))

@@ -6,6 +6,7 @@ Installed through the ``celery.commands`` entry point, so it runs with the app g
     celery -A proj locks list [--json] [--match PATTERN]
     celery -A proj locks clear KEY... | --all | --match PATTERN [--yes]
     celery -A proj locks key TASK_NAME [ARGS_JSON [KWARGS_JSON]]
+    celery -A proj locks explain TASK [ARGS...] [--kwargs JSON] [--json]
     celery -A proj locks check [--json] [--strict]
 
 ``list`` and ``clear`` talk to the lock Redis (``singleton_lock_url``) with SCAN, never
@@ -50,6 +51,7 @@ from celery_singleton_lock.ops.admin import (
     read_locks,
 )
 from celery_singleton_lock.ops.checks import FAIL, OK, WARN, Report, run_checks
+from celery_singleton_lock.ops.explain import explain_task, json_arguments, render
 from celery_singleton_lock.ops.reconcile import LockState, lock_states, reap, watch_seconds
 from celery_singleton_lock.options import Settings
 from celery_singleton_lock.runtime import locking_for
@@ -223,7 +225,7 @@ def list_locks(ctx: click.Context, as_json: bool, pattern: str | None) -> None:
 
 
 #: Columns ``list`` adds to each holder row: what the run is doing and who comes next.
-_EXTRA = ("STATE", "AGE", "WAITERS", "FOLLOW-UP")
+_EXTRA = ("STATE", "AGE", "WAITERS", "PARKED", "FOLLOW-UP")
 
 
 def _state_of(row: LockRow) -> str:
@@ -247,6 +249,7 @@ def _row_json(state: LockState, row: LockRow, now_us: int) -> dict[str, Any]:
         "state": _state_of(row),
         "age": _age(row, now_us),
         "waiters": state.waiters,
+        "parked": state.parked,
         "pending": state.pending,
     }
 
@@ -259,6 +262,7 @@ def _row_cells(state: LockState, row: LockRow, now_us: int) -> tuple[str, ...]:
         _state_of(row),
         f"{age}s" if age is not None else "-",
         waiters or "-",
+        str(state.parked) if state.parked else "-",
         state.pending or "-",
     )
 
@@ -517,6 +521,81 @@ def key_for(ctx: click.Context, task_name: str, args_json: str, kwargs_json: str
             f"lock_keys of task {task_name!r} raised {type(exc).__name__}: {_one_line(str(exc))}"
         ) from exc
     click.echo(key)
+
+
+# ---------------------------------------------------------------------------- explain
+
+
+@locks.command(name="explain", cls=CeleryCommand, context_settings={"ignore_unknown_options": True})
+@click.argument("task_name", metavar="TASK")
+@click.argument("args", nargs=-1, metavar="[ARGS]...")
+@click.option(
+    "--kwargs",
+    "kwargs_json",
+    cls=CeleryOption,
+    metavar="JSON",
+    default="{}",
+    help_group="Explain Options",
+    help="The keyword arguments of the call, as a JSON object, e.g. '{\"user_id\": 7}'.",
+)
+@click.option(
+    "--json",
+    "as_json",
+    cls=CeleryOption,
+    is_flag=True,
+    help_group="Explain Options",
+    help="Print a JSON object (key, state, holders, waiters, parked, follow_up, throttle, "
+    "debounce, ...) instead of text.",
+)
+@click.pass_context
+def explain(
+    ctx: click.Context, task_name: str, args: tuple[str, ...], kwargs_json: str, as_json: bool
+) -> None:
+    """Explain why a call of TASK with these arguments is blocked now.
+
+    Each ARG is one positional argument as a JSON value ('"sku-42"' 7); --kwargs gives the
+    keyword arguments as a JSON object. The key is computed as `locks key` computes it;
+    then its holders (task id, host/pid, since when, lease left, fencing token), waiters
+    and parked calls in turn order, pending follow-up, throttle window and debounce burst
+    are read from the lock Redis, on its clock.
+    """
+    try:
+        values = json_arguments(args)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), param_hint="ARGS") from exc
+    kwargs = _json_param(kwargs_json, dict, "--kwargs", "'{\"user_id\": 7}'")
+    app = _app(ctx)
+    settings = _settings(app)
+    app.loader.import_default_modules()
+    if task_name not in app.tasks:
+        unknown = _unknown_task(app, task_name)
+        unknown.param_hint = "TASK"
+        raise unknown
+    task = app.tasks[task_name]
+    try:
+        locking = locking_for(task)
+    except ImproperlyConfigured as exc:
+        raise click.ClickException(_one_line(str(exc))) from exc
+    if locking is None:
+        raise click.ClickException(
+            f"task {task_name!r} is not locked: it is not a LockedTask and no "
+            "singleton_lock_tasks glob matches it"
+        )
+    try:
+        kwargs = _fitting_kwargs(task_name, task.run, values, kwargs, locking.options.keys)
+    except click.BadParameter as exc:
+        exc.param_hint = "ARGS / --kwargs"
+        raise
+    try:
+        locking.key(values, kwargs)
+    except Exception as exc:  # a user's lock_keys callable may raise anything
+        raise click.ClickException(
+            f"lock_keys of task {task_name!r} raised {type(exc).__name__}: {_one_line(str(exc))}"
+        ) from exc
+    _client(app, settings)  # a bad singleton_lock_url is reported as `list` reports it
+    with _redis_errors(settings.url):
+        explanation = explain_task(task, values, kwargs)
+    click.echo(render(explanation, as_json=as_json))
 
 
 # ------------------------------------------------------------------------------ check

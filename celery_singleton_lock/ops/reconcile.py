@@ -42,6 +42,7 @@ that changed hands meanwhile (claimed by its run, renewed, released, taken) is l
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import threading
@@ -52,6 +53,7 @@ from typing import TYPE_CHECKING, Any, cast
 
 from celery_singleton_lock.engine import RedisLock, companion_key
 from celery_singleton_lock.engine.constants import MAX_DURATION
+from celery_singleton_lock.engine.keyspace import PARKED
 from celery_singleton_lock.engine.value import LockValue, parse_value
 from celery_singleton_lock.engine.wire import LockClient, server_time
 from celery_singleton_lock.ops.admin import LockRow, decode_key, lock_row, scan_values
@@ -108,12 +110,14 @@ def base_of(key: str) -> tuple[str, str]:
 @dataclass
 class LockState:
     """One lock as ``locks list`` shows it: its holders (one per slot held), the waiters in
-    the order they came (their task ids), and its pending follow-up (a task id)."""
+    the order they came (their task ids), its pending follow-up (a task id) and how many
+    calls are parked on it (``lock_on_conflict="park"``)."""
 
     key: str
     holders: list[LockRow] = field(default_factory=list)
     waiters: list[str] = field(default_factory=list)
     pending: str | None = None
+    parked: int = 0
 
     def as_json(self) -> dict[str, Any]:
         return {
@@ -121,6 +125,7 @@ class LockState:
             "holders": [row.as_json() for row in self.holders],
             "waiters": self.waiters,
             "pending": self.pending,
+            "parked": self.parked,
         }
 
 
@@ -140,6 +145,8 @@ def lock_states(client: LockClient, pattern: str) -> list[LockState]:
         states.setdefault(lock, LockState(lock)).holders.append(row)
     for state in states.values():
         state.waiters, state.pending = _queue_of(client, state.key)
+        with contextlib.suppress(ValueError):
+            state.parked = int(client.zcard(companion_key(state.key, PARKED)))
     return [states[key] for key in sorted(states)]
 
 

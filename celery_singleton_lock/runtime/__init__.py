@@ -31,6 +31,7 @@ from celery_singleton_lock.runtime.lost import (
 )
 from celery_singleton_lock.runtime.publish import locked_apply_async
 from celery_singleton_lock.runtime.run import body_of, locked_call
+from celery_singleton_lock.runtime.sweep import Sweeper, sweep
 
 __all__ = [
     "FOREIGN_ALLOWED",
@@ -38,6 +39,7 @@ __all__ = [
     "HEADER_KEY",
     "LOCKED_MARKER",
     "PUBLISH_WAIT_OPTION",
+    "Sweeper",
     "TaskLocking",
     "body_of",
     "current_lock",
@@ -52,5 +54,6 @@ __all__ = [
     "release_for_dropped_message",
     "release_for_lost_run",
     "remember_delivery",
+    "sweep",
     "wire_form",
 ]

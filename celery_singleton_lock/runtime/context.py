@@ -6,7 +6,6 @@ the protocols of :mod:`celery_singleton_lock.modes.base`, which is all a mode se
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
 import time
 from collections.abc import Callable
@@ -15,7 +14,6 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, cast
 
 from celery.exceptions import Reject, Retry
-from kombu.serialization import loads
 
 from celery_singleton_lock import _observe as observe
 from celery_singleton_lock._observe import RunLock
@@ -31,9 +29,9 @@ if TYPE_CHECKING:
     from celery.result import AsyncResult
 
     from celery_singleton_lock.engine import Holder
-    from celery_singleton_lock.engine.atomic import Handed, Record
+    from celery_singleton_lock.engine.atomic import Record
     from celery_singleton_lock.engine.wire import LockClient
-    from celery_singleton_lock.modes.base import ConflictPolicy, Scope
+    from celery_singleton_lock.modes.base import ConflictPolicy, HandedCall, Scope
     from celery_singleton_lock.options import LockOptions, Settings
 
     AnyTask = Task[Any, Any]
@@ -42,7 +40,7 @@ else:
     AnyTask = Any
     AnyResult = Any
 
-__all__ = ["RUN_ATTR", "Publish", "Run", "current_lock", "holding", "republish_followup"]
+__all__ = ["RUN_ATTR", "Publish", "Run", "current_lock", "holding", "publish_past_lock"]
 
 log = logging.getLogger("celery_singleton_lock.task")
 
@@ -210,8 +208,12 @@ class Run:
             self.task.app, self.key, self.task_id, queued=True, claim=self.lock.token
         )
 
-    def republish(self, handed: Handed) -> None:
-        republish_followup(self.task, self.locking, self.key, handed)
+    @property
+    def serializer(self) -> str:
+        return self.locking.serializer
+
+    def publish_past_lock(self, call: HandedCall) -> None:
+        publish_past_lock(self.task, self.locking, self.key, call)
 
     def released(self, state: str | None, *, held: bool, hold: float = 0.0) -> None:
         if held:
@@ -226,24 +228,27 @@ class Run:
         observe.lost(self.task, self.lock, self.task_id, self.options)
 
 
-def republish_followup(task: AnyTask, locking: TaskLocking, key: str, handed: Handed) -> None:
-    """Publish the follow-up that was just handed ``key``, past the lock; if that fails,
-    free the key (the follow-up is lost, and logged)."""
-    args, kwargs = loads(
-        handed.body, handed.content_type, handed.encoding, accept={handed.content_type}
-    )
-    options = {**json.loads(handed.options), hdr.REPUBLISH_OPTION: {hdr.HEADER_KEY: key}}
+def publish_past_lock(task: AnyTask, locking: TaskLocking, key: str, call: HandedCall) -> None:
+    """Publish a call of ``task`` that was just handed ``key`` (a follow-up, a parked call)
+    under its own task id, past the lock; if that fails, free the key (the call is lost,
+    and logged)."""
+    options = {**call.options, hdr.REPUBLISH_OPTION: {hdr.HEADER_KEY: key}}
     try:
-        task.apply_async(tuple(args), dict(kwargs), task_id=handed.task_id, **options)
+        task.apply_async(call.args, call.kwargs, task_id=call.task_id, **options)
     except Exception:
-        log.exception("could not publish follow-up %s of %s; freeing the key", handed.task_id, key)
-        token = queue_token(handed.task_id, locking.options.limit)
+        log.exception("could not publish %s, handed %s; freeing the key", call.task_id, key)
+        token = queue_token(call.task_id, locking.options.limit)
+        owner = RedisLock(
+            locking.client(task.app),
+            key,
+            token=token,
+            scripting=locking.settings.scripting,
+            limit=locking.options.limit,
+        )
         with contextlib.suppress(LockNotOwned):
-            RedisLock(
-                locking.client(task.app), key, token=token, scripting=locking.settings.scripting
-            ).release()
+            owner.release()
         return
-    log.info("%s[%s]: published as the follow-up of %s", task.name, handed.task_id, key)
+    log.info("%s[%s]: published, handed %s", task.name, call.task_id, key)
 
 
 @dataclass(eq=False)
@@ -306,3 +311,10 @@ class Publish:
 
     def result(self, task_id: str) -> AnyResult:
         return self.task.AsyncResult(task_id)
+
+    @property
+    def prefix(self) -> str:
+        return self.locking.settings.prefix
+
+    def publish_past_lock(self, call: HandedCall) -> None:
+        publish_past_lock(self.task, self.locking, self.key(), call)

@@ -45,7 +45,7 @@ __all__ = [
 #: Class attribute that marks a task class whose own ``lock_*`` attributes count.
 LOCKED_MARKER = "__singleton_lock__"
 #: Methods of locked tasks whose names look like options.
-TASK_METHODS = frozenset({"lock_key"})
+TASK_METHODS = frozenset({"lock_key", "lock_explain"})
 #: Options of the packages people migrate from, refused on a LockedTask with a pointer.
 FOREIGN_OPTIONS = {
     "unique_on": "celery-singleton's name: use lock_keys, or compat.singleton.Singleton",
@@ -129,7 +129,10 @@ class TaskLocking:
             info["queued"] = True
         options = self.options
         if claim is None and not queued:
-            claim = self.plan.scope.claim(task_id, options)
+            claim = next(
+                (token for mode in self.plan.hooks if (token := mode.claim(task_id, options))),
+                None,
+            )
         return RunLock(
             self.client(app),
             key,
@@ -142,6 +145,7 @@ class TaskLocking:
             group=task_group(task_id) if options.limit > 1 else None,
             holder_info=json.dumps(info, sort_keys=True, separators=(",", ":")),
             replicas=options.replicas,
+            fair_after=options.fair_after,
         )
 
 

@@ -21,16 +21,17 @@ from typing import TYPE_CHECKING, Any
 
 from celery_singleton_lock.client import redis_for
 from celery_singleton_lock.config import settings_for
-from celery_singleton_lock.engine import RedisLock
+from celery_singleton_lock.engine import RedisLock, atomic
 from celery_singleton_lock.exceptions import LockNotOwned
 from celery_singleton_lock.runtime import headers as hdr
-from celery_singleton_lock.runtime.context import republish_followup
+from celery_singleton_lock.runtime.context import publish_past_lock
 from celery_singleton_lock.runtime.delivery import task_holder
 from celery_singleton_lock.runtime.process import process_state
 from celery_singleton_lock.runtime.run import run_locking
 
 if TYPE_CHECKING:
-    from celery_singleton_lock.engine.atomic import Handed, Record
+    from celery_singleton_lock.engine.atomic import Record
+    from celery_singleton_lock.modes.base import HandedCall
     from celery_singleton_lock.options import LockOptions
     from celery_singleton_lock.runtime.locking import TaskLocking
 
@@ -71,8 +72,8 @@ class LostRun:
     def record(self) -> Record | None:
         return None
 
-    def republish(self, handed: Handed) -> None:
-        republish_followup(self.task, self.locking, self.lock.name, handed)
+    def publish_past_lock(self, call: HandedCall) -> None:
+        publish_past_lock(self.task, self.locking, self.lock.name, call)
 
     def released(self, state: str | None, *, held: bool, hold: float = 0.0) -> None:
         if held:
@@ -164,6 +165,9 @@ def release_for_lost_run(task: Any, task_id: str, args: Any, kwargs: Any, reques
     probe = locking.new_lock(task.app, key, task_id)
     holder = task_holder(probe, task_id)
     if holder is None or holder.token is None:
+        if locking.options.order == "enqueue":
+            # not running: the calls behind it in its key's line do not wait for it
+            atomic.order_leave(probe.client, key, task_id)
         return False
     owner = RedisLock(
         probe.client,

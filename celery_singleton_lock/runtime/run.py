@@ -30,6 +30,7 @@ from celery_singleton_lock.runtime.context import RUN_ATTR, Run, holding
 from celery_singleton_lock.runtime.delivery import reclaim_from_dead_delivery
 from celery_singleton_lock.runtime.finish import release_after_run
 from celery_singleton_lock.runtime.locking import TaskLocking, locking_for
+from celery_singleton_lock.runtime.watch import watching
 
 if TYPE_CHECKING:
     from celery import Task
@@ -128,7 +129,7 @@ def body(run: Run) -> Any:
     free."""
     state: str = states.FAILURE
     try:
-        with holding(run.lock):
+        with holding(run.lock), watching(run.lock, enabled=run.options.on_lost == "raise"):
             result = run.body()
         state = states.SUCCESS
         return result

@@ -23,12 +23,26 @@ app.conf.update(
 )
 
 
-@app.task(name="shop.buy", base=LockedTask, lock_keys=["sku"])
+@app.task(shared=False, name="shop.buy", base=LockedTask, lock_keys=["sku"])
 def buy(sku: str, user_id: int) -> str:
     """Sell one unit of ``sku`` to ``user_id`` (the body never runs in these tests)."""
     return f"{sku}:{user_id}"
 
 
-@app.task(name="shop.restock")
+@app.task(shared=False, name="shop.restock")
 def restock(sku: str) -> None:
     """A task that is not locked, for the "not locked" error of ``locks key``."""
+
+
+if os.environ.get("CSL_CLI_PARK") == "1":
+
+    @app.task(
+        shared=False,
+        name="shop.reserve",
+        base=LockedTask,
+        lock_keys=["sku"],
+        lock_on_conflict="park",
+    )
+    def reserve(sku: str) -> str:
+        """A task whose calls park in the lock Redis (for the durability check)."""
+        return sku

@@ -53,7 +53,15 @@ def test_a_healthy_server_passes_every_check(fresh_server: RedisServer) -> None:
     done = check(fresh_server.url)
     assert done.returncode == 0, done.stdout + done.stderr
     found = lines(done)
-    assert set(found) == {"server", "eviction", "scripting", "clock", "permissions", "admin"}
+    assert set(found) == {
+        "server",
+        "eviction",
+        "scripting",
+        "clock",
+        "durability",
+        "permissions",
+        "admin",
+    }
     assert all(mark == "ok" for mark, _ in found.values()), done.stdout
     assert found["server"][1].startswith(("Redis ", "Valkey "))
     assert "noeviction" in found["eviction"][1]
@@ -136,10 +144,34 @@ def test_json_report_and_unreachable_and_bad_settings(fresh_server: RedisServer)
     report = json.loads(as_json.stdout)
     assert (report["failures"], report["warnings"]) == (0, 0)
     assert [item["name"] for item in report["checks"]] == [
-        "server", "eviction", "scripting", "clock", "permissions", "admin",
+        "server", "eviction", "scripting", "clock", "durability", "permissions", "admin",
     ]  # fmt: skip
     assert all(item["status"] == "ok" for item in report["checks"])
     assert down.returncode == 69
     assert "unreachable" in down.stderr
     assert bad.returncode == 78
     assert "singleton_lock_prefix" in bad.stderr
+
+
+def test_a_parking_task_on_a_server_without_persistence_is_warned_about(
+    fresh_server: RedisServer, admin: redis.Redis
+) -> None:
+    """A task parks (its calls live only in the lock Redis): without an append-only file or
+    a replica the durability check warns, naming the task; with appendonly on it is ok."""
+    admin.config_set("appendonly", "no")
+    admin.config_set("save", "")
+    warned = check(fresh_server.url, CSL_CLI_PARK="1")
+    admin.config_set("save", "3600 1")
+    snapshots = check(fresh_server.url, CSL_CLI_PARK="1")
+    admin.config_set("appendonly", "yes")
+    durable = check(fresh_server.url, CSL_CLI_PARK="1")
+    admin.config_set("appendonly", "no")
+
+    assert warned.returncode == 0, warned.stdout + warned.stderr
+    mark, detail = lines(warned)["durability"]
+    assert mark == "WARN"
+    assert "shop.reserve" in detail
+    assert "a restart loses every parked call" in detail
+    assert "since the last one" in lines(snapshots)["durability"][1]
+    assert lines(durable)["durability"][0] == "ok", durable.stdout
+    assert lines(check(fresh_server.url))["durability"][0] == "ok"  # no task parks

@@ -107,6 +107,24 @@ def test_list_json_is_a_list_of_objects(run: Run, client: redis.Redis, prefix: s
     assert row["queued"] is True
 
 
+def test_list_shows_the_parked_count(run: Run, client: redis.Redis, prefix: str) -> None:
+    """A key with calls parked on it shows how many in PARKED (table) and ``parked``
+    (JSON); a key without shows ``-`` and 0."""
+    busy = hold(client, buy_key(prefix, ["sku-1", 7]), "task-aaa")
+    idle = hold(client, buy_key(prefix, ["sku-2", 7]), "task-bbb")
+    client.zadd(companion_key(busy.name, "parked"), {"p1": 1, "p2": 2, "p3": 3})
+
+    table = run("list")
+    listed = run("list", "--json")
+
+    assert table.returncode == 0, table.stderr
+    assert table.stdout.splitlines()[1].split()[-2:] == ["PARKED", "FOLLOW-UP"]
+    assert rows(table.stdout)[busy.name].split()[-2] == "3"
+    assert rows(table.stdout)[idle.name].split()[-2] == "-"
+    parked = {row["key"]: row["parked"] for row in json.loads(listed.stdout)}
+    assert parked == {busy.name: 3, idle.name: 0}
+
+
 def test_list_survives_classic_and_garbage_values(
     run: Run, client: redis.Redis, prefix: str
 ) -> None:

@@ -11,7 +11,7 @@ page still shows what the command prints.
 
 from __future__ import annotations
 
-import math
+import contextlib
 import os
 import re
 import subprocess
@@ -24,7 +24,7 @@ from pathlib import Path
 
 import redis
 
-from celery_singleton_lock import RedisLock
+from celery_singleton_lock import LockNotOwned, RedisLock
 from celery_singleton_lock.engine.keyspace import companion_key
 from celery_singleton_lock.testing import RedisServer
 from tests.docs import shopproj
@@ -41,6 +41,11 @@ CELERY = [str(_SCRIPT)] if _SCRIPT.exists() else [sys.executable, "-m", "celery"
 # The task ids, hosts and pids the samples' holders and waiters claim to be.
 BUY_HOLDER = "d9c1f0de-5b1e-4a59-9a43-2f4e3f2a7c11"
 BUY_WAITER = "0b3e9d4a-6c2f-4e8b-b1a7-93f2d5c8e604"
+# The purchases that queue behind BUY_WAITER for the EXPLAIN sample, and where they wait.
+BUY_LATER = (
+    ("6f2a9c1e-8d4b-4e7a-a3c5-1b9e0d7f2a48", "worker-3/6061"),
+    ("b8d1e5c3-2f7a-4c96-9e0b-5a4d3c2b1f07", "worker-1/4244"),
+)
 REPORT_QUEUED = "5e0c7a52-0d7e-4c1b-8e5f-1b2c3d4e5f60"
 REPORT_FOLLOW_UP = "a71f2c9e-3b84-4d06-9e5a-c2d18f7b3e45"
 EXPORTS = ("1f6b8e2d-7c3a-4f59-8d21-6e9a0b4c5d73", "c4a9e7f1-2d5b-4a83-b6e0-8f1d3c7a9b52")
@@ -111,7 +116,7 @@ def _produce(server: RedisServer, client: redis.Redis) -> dict[str, str]:
     buy = shopproj.buy.lock_key("sku-42", 7)
     export = shopproj.export.lock_key(42, "q3")
     _hold(client, buy, BUY_HOLDER, "shop.buy", "worker-1/4242")
-    waiter = RedisLock(client, buy, timeout=30.0, holder_info={"task_id": BUY_WAITER})
+    waiter = RedisLock(client, buy, timeout=30.0, holder_info=_info(BUY_WAITER, "worker-2/5151"))
     waiting = threading.Thread(target=waiter.acquire, kwargs={"timeout": 60}, daemon=True)
     waiting.start()
     _wait_until(lambda: client.zcard(companion_key(buy, "queue")) == 1, "the waiter queued")
@@ -140,11 +145,45 @@ def _produce(server: RedisServer, client: redis.Redis) -> dict[str, str]:
     )
     locker = server.url.replace("redis://", "redis://locker:pw@")
     samples["CHECK"] = [_run(server, "check", CSL_DOCS_LOCK_URL=locker)]
+    later = _queue_behind(client, buy)
+    samples["EXPLAIN"] = [_run(server, "explain", "shop.buy", '"sku-42"', "7")]
     client.delete(buy)  # the waiter takes it and gives up waiting
     waiting.join(timeout=10)
+    with contextlib.suppress(LockNotOwned):
+        waiter.release()  # the purchases queued behind it take their turns
+    for thread in later:
+        thread.join(timeout=10)
     texts = {name: transcript(runs) for name, runs in samples.items()}
     fences = _fence_numbers(texts.values())
-    return {name: normalize(text, fences) for name, text in texts.items()}
+    shown = {name: normalize(text, fences) for name, text in texts.items()}
+    shown["EXPLAIN"] = normalize_explain(shown["EXPLAIN"], fences)
+    return shown
+
+
+def _info(task_id: str, where: str) -> dict[str, object]:
+    """The holder info of a ``shop.buy`` run of ``task_id`` on ``where`` (host/pid)."""
+    host, pid = where.split("/")
+    return {"task_id": task_id, "task": "shop.buy", "host": host, "pid": int(pid)}
+
+
+def _queue_behind(client: redis.Redis, key: str) -> list[threading.Thread]:
+    """Queue the BUY_LATER purchases behind the waiter already there, one after the other,
+    each taking its turn (and giving it back) when it comes."""
+
+    def take_turn(lock: RedisLock) -> None:
+        if lock.acquire(timeout=60):
+            lock.release()
+
+    def queued(count: int) -> Callable[[], bool]:
+        return lambda: int(client.zcard(companion_key(key, "queue"))) == count
+
+    threads = []
+    for count, (task_id, where) in enumerate(BUY_LATER, start=2):
+        lock = RedisLock(client, key, timeout=30.0, holder_info=_info(task_id, where))
+        threads.append(threading.Thread(target=take_turn, args=(lock,), daemon=True))
+        threads[-1].start()
+        _wait_until(queued(count), "a purchase queued")
+    return threads
 
 
 def _fence_numbers(texts: Iterable[str]) -> dict[str, str]:
@@ -184,7 +223,7 @@ _FIXED = (
 def normalize(text: str, fences: dict[str, str]) -> str:
     """``text`` with every value that changes from run to run written one fixed way: the
     server's port, version and clock, the probe key, and in ``locks list`` tables the lease
-    left (rounded up to 10 s, less 0.4 s), the fencing tokens (numbered in order), the ages
+    left (shown as 29.6 s, every hold being 30 s), the fencing tokens (numbered in order), the ages
     (shown as 2.1 s) and the order of the rows (by key, as SCAN's order changes with the
     server's hash seed); the tables are then aligned again. ``fences`` maps each token
     to the one shown."""
@@ -207,6 +246,32 @@ def normalize(text: str, fences: dict[str, str]) -> str:
     return "\n".join(out) + "\n"
 
 
+#: What ``locks explain`` shows that changes from run to run, and how the page shows it:
+#: the holder's age and start (the age ``locks list`` shows; the start its fencing token
+#: shown, _FENCE_BASE, says), its lease left (every hold of the samples is taken for 30 s)
+#: and the waiters' waits (by position).
+_EXPLAIN_FIXED = (
+    (re.compile(r"running for [\d.]+s \(since \d\d:\d\d:\d\d UTC\)"),
+     "running for 2.1s (since 03:09:02 UTC)"),
+    (re.compile(r"lease left [\d.]+s"), "lease left 29.6s"),
+)  # fmt: skip
+_EXPLAIN_WAITS = ("2.0s", "1.3s", "0.6s")
+
+
+def normalize_explain(text: str, fences: dict[str, str]) -> str:
+    """A ``locks explain`` transcript with what changes from run to run written one fixed
+    way (see :data:`_EXPLAIN_FIXED`; the fencing tokens as ``fences`` maps them)."""
+    for pattern, fixed in _EXPLAIN_FIXED:
+        text = pattern.sub(fixed, text)
+    text = re.sub(r"fence (\d{16})", lambda found: f"fence {fences[found.group(1)]}", text)
+    return re.sub(
+        r"^( +(\d+)\. .*, waiting )[\d.]+s$",
+        lambda found: found.group(1) + _EXPLAIN_WAITS[int(found.group(2)) - 1],
+        text,
+        flags=re.M,
+    )
+
+
 def _normalized_table(lines: list[str], fences: dict[str, str]) -> list[str]:
     rows = [re.split(r" {2,}", line.rstrip()) for line in lines]
     heading = rows[0]
@@ -216,7 +281,9 @@ def _normalized_table(lines: list[str], fences: dict[str, str]) -> list[str]:
         for column, cell in enumerate(row):
             name = heading[column]
             if name == "LEASE LEFT" and cell.endswith("s"):
-                row[column] = f"{math.ceil(float(cell[:-1]) / 10) * 10 - 0.4:.1f}s"
+                # Every hold of the samples is taken for 30 s; a loaded machine only
+                # changes how much of it is left when the command runs.
+                row[column] = "29.6s"
             elif name == "FENCE" and cell.isdigit():
                 row[column] = fences.get(cell, cell)
             elif name == "AGE" and cell.endswith("s"):

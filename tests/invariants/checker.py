@@ -56,6 +56,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from tests.invariants.modes import MODES, Mode
+from tests.invariants.recording import KILL_LANDS
 from tests.invariants.records import BodyRun, Call, Exec, FaultRecord, Observation, Outcome
 
 __all__ = [
@@ -98,9 +99,17 @@ KINDS: Mapping[str, str] = {
     "dedup_into_started": "deduplicated into a message whose body had already started",
     "held_too_long": "deduplicated into a run whose hold had ended, or that failed",
     "lease_lost": "a body lost its lease although no fault lasted a lease",
+    "out_of_order": "under lock_order='enqueue' a call started before one made before it "
+    "(neither with a countdown or ETA, no fault of the lock Redis between)",
+    "ran_twice_unrecorded": "completed twice, the first time while the lock Redis was "
+    "unreachable (its end could not be recorded) with its worker killed before it "
+    "acknowledged the message: the broker delivered it again (at-least-once delivery)",
+    "lost_behind_transport": "parked behind a queue-scope call whose message the broker "
+    "transport lost as a worker was killed: that call holds the key for lock_queue_timeout "
+    "(celery locks reap frees it)",
 }
 #: Violation kinds that are not the lock's doing, counted apart.
-NOT_THE_LOCK = ("lost_in_transport",)
+NOT_THE_LOCK = ("lost_in_transport", "ran_twice_unrecorded", "lost_behind_transport")
 #: Faults that kill a whole worker (its consumer too).
 WORKER_KILLS = ("worker_kill",)
 #: A successful run's hold may end this much early (seconds): the body records its end a
@@ -284,6 +293,11 @@ class _Run:
                 self.by_result[call.result_id].append(call)
         self.by_own = {call.own_id: call for call in self.calls}
         self.bodies: dict[str, list[BodyRun]] = defaultdict(list)
+        for body in obs.bodies:  # a start recorded just as its process was being killed
+            kill = next((k for k in obs.kills if k.pid == body.pid
+                         and k.t <= body.start <= k.t + KILL_LANDS), None)  # fmt: skip
+            if body.end is None and kill is not None:
+                body.end, body.how = body.start, "killed"
         for body in sorted(obs.bodies, key=lambda body: body.start):
             self.bodies[body.task_id].append(body)
         self.superseded: dict[str, list[dict[str, Any]]] = defaultdict(list)
@@ -372,6 +386,8 @@ def _terminal(run: _Run, call: Call) -> None:
         state = joined or "failed"
     elif outcome.state == "FAILURE" and outcome.error == "TaskLocked":
         state = "raised"
+    elif outcome.state == "FAILURE" and outcome.error == "ResultLost":
+        state = "result_lost"
     elif outcome.state == "FAILURE":
         state = f"failed with {outcome.error}"
     else:
@@ -554,12 +570,20 @@ def _check_once(run: _Run) -> None:
     for body in run.obs.bodies:
         if run.modes[body.mode].once_per_id and body.completed:
             per_id[body.task_id].append(body)
+    stalls = [f for f in run.obs.faults if f.kind in ("redis_stall", "redis_restart")]
     for task_id, bodies in per_id.items():
         if len(bodies) > 1:
             calls = run.by_result.get(task_id) or (
                 [run.by_own[task_id]] if task_id in run.by_own else []
             )
-            run.flag("ran_twice", calls, f"the body of {task_id} completes once",
+            first = bodies[0]
+            unrecorded = (
+                first.end is not None
+                and any(f.t0 <= first.end <= f.t1 for f in stalls)
+                and any(k.pid == first.pid and k.t >= first.end for k in run.obs.kills)
+            )
+            kind = "ran_twice_unrecorded" if unrecorded else "ran_twice"
+            run.flag(kind, calls, f"the body of {task_id} completes once",
                      f"it completed {len(bodies)} times (n={[b.n for b in bodies]})",
                      (bodies[0].start, bodies[-1].end or run.obs.ended), [task_id],
                      mode=bodies[0].mode, key=bodies[0].key)  # fmt: skip
@@ -717,6 +741,47 @@ def _check_leases(run: _Run) -> None:
                      mode=body.mode, key=body.key)  # fmt: skip
 
 
+def _behind_transport(run: _Run) -> None:
+    """A call lost while PARKED behind an earlier call of its key whose message the
+    transport lost (which holds the key for lock_queue_timeout) is that loss's doing."""
+    lost = [v for v in run.violations if v.kind == "lost_in_transport"]
+    for item in run.violations:
+        if item.kind != "lost" or "PARKED" not in item.got:
+            continue
+        cause = next((v for v in lost if (v.mode, v.key) == (item.mode, item.key)
+                      and v.window[0] <= item.window[0]), None)  # fmt: skip
+        if cause is not None:
+            item.kind = "lost_behind_transport"
+            item.got += f"; parked behind call(s) {cause.calls}, lost in transport"
+
+
+def _check_order(run: _Run) -> None:
+    """Ordered modes: a call whose apply_async returned before another's began starts
+    first (first starts compared). Calls with a countdown or ETA step aside; a stall or
+    restart of the lock Redis between them excuses the pair (a call that could not take
+    its turn at publish takes one at delivery)."""
+    redis_faults = [f for f in run.obs.faults if f.kind in ("redis_stall", "redis_restart")]
+    per_key: dict[tuple[str, str], list[tuple[Call, float]]] = defaultdict(list)
+    for call in run.calls:
+        bodies = run.bodies.get(call.own_id, [])
+        if (run.modes[call.mode].ordered and bodies and call.countdown is None
+                and call.eta is None and call.result_id == call.own_id):  # fmt: skip
+            per_key[(call.mode, call.key)].append((call, bodies[0].start))
+    for (mode_name, key), started in per_key.items():
+        for before, before_start in started:
+            for after, after_start in started:
+                if before.t_return >= after.t_call or after_start >= before_start:
+                    continue
+                low, high = before.t_call - 1.0, max(after.t_return, before_start) + 1.0
+                if any(f.t0 <= high and f.t1 >= low for f in redis_faults):
+                    continue
+                run.flag("out_of_order", [before, after],
+                         f"call {before.n} (made first) starts first",
+                         f"call {after.n} started {before_start - after_start:.3f} s before it",
+                         (before.t_call, before_start), [before.own_id, after.own_id],
+                         mode=mode_name, key=key)  # fmt: skip
+
+
 # -- the verdict -----------------------------------------------------------------------------
 
 
@@ -734,6 +799,8 @@ def check(obs: Observation, modes: Mapping[str, Mode] = MODES) -> Verdict:
     _check_throttle_pacing(run)
     _check_lifetimes(run)
     _check_leases(run)
+    _check_order(run)
+    _behind_transport(run)
     return Verdict(run.terminals, run.violations, _figures(run))
 
 

@@ -52,6 +52,8 @@ TERMINALS: Mapping[str, str] = MappingProxyType(
         "coalesced": "it became (or joined) the key's follow-up, which ran with the latest args",
         "debounced": "it joined a burst whose run had the burst's last arguments",
         "superseded": "a later call replaced it: REVOKED, lock_superseded names that call",
+        "result_lost": "its body ran once, but its worker died before storing the result: "
+        "a later copy of its message stored FAILURE ResultLost instead of running it again",
     }
 )
 
@@ -99,15 +101,23 @@ class Mode:
     prefork_only: bool = False
     #: Some calls pass fail=True.
     may_fail: bool = False
+    #: The calls of one key start in the order they were made (lock_order="enqueue").
+    ordered: bool = False
     extra: Mapping[str, Any] = field(default_factory=dict)
 
 
 def _mode(name: str, summary: str, terminals: str, **kwargs: Any) -> Mode:
     options = kwargs.pop("options", {})
+    if kwargs.get("once_per_id"):  # a late copy never runs again: its result may be lost
+        terminals += " result_lost"
     return Mode(name, summary, MappingProxyType(options), frozenset(terminals.split()), **kwargs)
 
 
 _QUEUE = {"lock_scope": "queue"}
+_PARK = {"lock_on_conflict": "park"}
+#: lock_queue_timeout of the ordered mode: how long a line waits for a call whose message
+#: was lost (kombu's Redis transport loses one a killed worker had just popped).
+ORDER_WAIT = 20.0
 
 MODES: Mapping[str, Mode] = MappingProxyType(
     {
@@ -203,6 +213,21 @@ MODES: Mapping[str, Mode] = MappingProxyType(
                 "ran failed skipped",
                 options={"lock_release": "success", "lock_hold": HOLD}, hold=HOLD,
                 may_fail=True,
+            ),
+            _mode("park", "run scope, park", "ran", options=_PARK),
+            _mode(
+                "park_queue", "queue scope, park (at publish)", "ran refused",
+                options={**_QUEUE, **_PARK}, scope="queue", once_per_id=True,
+            ),
+            _mode(
+                "park_order", "run scope, park, lock_order='enqueue'", "ran",
+                options={**_PARK, "lock_order": "enqueue", "lock_queue_timeout": ORDER_WAIT},
+                once_per_id=True, ordered=True,
+            ),
+            _mode(
+                "park_limit2_rate", f"lock_limit=2, lock_rate_limit={RATE!r}, park", "ran",
+                options={**_PARK, "lock_limit": 2, "lock_rate_limit": RATE}, limit=2,
+                rate=RATE_PARSED,
             ),
             _mode(
                 "success_queue", f"queue scope, lock_release='success', hold {HOLD} s",

@@ -56,6 +56,10 @@ RECORDED_SIGNALS = (
 )
 
 
+#: Seconds from a kill's record to the moment its SIGKILL has surely landed.
+KILL_LANDS = 0.5
+
+
 class Recorded:
     """Everything a :class:`Recorder` wrote, read back."""
 
@@ -284,8 +288,10 @@ class Recorder:
             if body.end is not None:
                 continue
             for kill in kills or []:
-                if kill.pid == body.pid and kill.t >= body.start:
-                    body.end, body.how = kill.t, "killed"
+                # The kill is recorded just before the signal is sent: a body may still
+                # record its start in the moment until the signal lands.
+                if kill.pid == body.pid and kill.t + KILL_LANDS >= body.start:
+                    body.end, body.how = max(kill.t, body.start), "killed"
                     break
         return bodies
 

@@ -43,6 +43,10 @@ SCENARIOS = {
         2105, ["rate_retry", "success_run", "limit2_success"], ["worker_kill", "redis_stall"],
         False,
     ),
+    "park": (
+        2107, ["park", "park_queue", "park_order", "park_limit2_rate"],
+        ["child_kill", "worker_kill", "redis_stall"], False,
+    ),
     "restart": (
         2106, ["coalesce", "debounce", "rate_retry", "success_run", "queue_skip"],
         ["redis_restart"], True,

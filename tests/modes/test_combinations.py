@@ -215,7 +215,8 @@ def test_every_rule_names_the_options_it_is_about() -> None:
         named = [
             word for word in ("lock_release", "lock_hold", "lock_scope", "lock_rate_limit",
                               "singleton_lock_scripting", "lock_limit", "lock_on_conflict",
-                              "lock_replace_running", "lock_debounce_max_wait", "lock_debounce")
+                              "lock_replace_running", "lock_debounce_max_wait", "lock_debounce",
+                              "lock_order", "lock_fair_after")
             if word in rule.message
         ]  # fmt: skip
         assert len(named) >= 2, rule.message

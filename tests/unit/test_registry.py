@@ -64,14 +64,24 @@ def test_the_modes_page_documents_every_policy_and_mode_option() -> None:
     text = (DOCS / "modes.md").read_text()
     for name in POLICIES:
         assert re.search(rf'"{name}"', text), name
-    for option in ("lock_debounce", "lock_rate_limit", "lock_release", "lock_hold"):
+    for option in ("lock_debounce", "lock_rate_limit", "lock_release", "lock_hold", "lock_order"):
         assert option in text, option
     names = {kind.__name__ for kind in MODES}
-    assert names == {"Debounce", "Throttle", "ReleaseAtStart", "HoldAfterSuccess"}
+    assert names == {"Debounce", "Order", "Throttle", "ReleaseAtStart", "HoldAfterSuccess"}
 
 
 def test_every_rule_is_checked_once() -> None:
     """The combination rules of the options and of every mode, each once."""
     messages = [rule.message for rule in COMBINATIONS]
     assert len(messages) == len(set(messages))
-    assert len(COMBINATIONS) == 15
+    assert len(COMBINATIONS) == 19
+
+
+def test_the_park_figures_of_the_modes_page_are_the_code_s() -> None:
+    """docs/modes.md quotes the sweep's interval and the hand-off restart from the code."""
+    from celery_singleton_lock.modes.park import GRANT_RESTART  # noqa: PLC0415
+    from celery_singleton_lock.runtime.sweep import SWEEP_INTERVAL  # noqa: PLC0415
+
+    text = " ".join((DOCS / "modes.md").read_text().split())
+    assert f"every {SWEEP_INTERVAL:g} s (`runtime.sweep.SWEEP_INTERVAL`" in text
+    assert f"within {GRANT_RESTART:g} s (`modes.park.GRANT_RESTART`" in text

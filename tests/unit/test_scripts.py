@@ -23,7 +23,8 @@ LIB = {entry.name: entry.read_text(encoding="utf-8")
        for entry in FILES.joinpath("lib").iterdir()}  # fmt: skip
 NAMES = {
     "acquire", "acquire_slots", "release", "extend", "throttle", "hold", "followup_call",
-    "followup_hand_over", "followup_replace", "debounce_join", "debounce_run",
+    "followup_hand_over", "followup_replace", "debounce_join", "debounce_run", "park",
+    "park_release", "park_sweep", "park_started", "order_take", "order_turn", "order_leave",
 }  # fmt: skip
 
 

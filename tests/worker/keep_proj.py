@@ -40,7 +40,9 @@ def data() -> redis.Redis:
 def record(name: str, value: Any, seconds: float = 0.0) -> Any:
     """Record a run of ``name`` with ``value`` (and any overlap), lasting ``seconds``."""
     r = data()
-    if r.incr(f"inside:{name}") > 1:
+    inside = r.incr(f"inside:{name}")
+    r.rpush(f"inside-seen:{name}", inside)
+    if inside > 1:
         r.incr(f"over:{name}")
     r.rpush(f"runs:{name}", f"{value} {time.time():.3f} {os.getpid()}")
     time.sleep(seconds)
@@ -158,3 +160,78 @@ def outlives_its_lease(self: Any, name: str) -> str:
         time.sleep(2.0)
         raise self.retry(countdown=0.2)
     return "second"
+
+
+@app.task(base=LockedTask, lock_keys=["name"], lock_on_conflict="park", lock_timeout=5.0)
+def parked_job(name: str, value: int, seconds: float = 0.0) -> int:
+    """Run scope: a run whose key is held parks; it runs when the key frees."""
+    return record(name, value, seconds)  # type: ignore[no-any-return]
+
+
+@app.task(base=LockedTask, lock_keys=["name"], lock_scope="queue", lock_on_conflict="park")
+def parked_queued(name: str, value: int, seconds: float = 0.0) -> int:
+    """Queue scope: a call whose key is held parks at publish."""
+    return record(name, value, seconds)  # type: ignore[no-any-return]
+
+
+@app.task(base=LockedTask, lock_keys=["name"], lock_on_conflict="park", lock_timeout=3.0,
+          lock_limit=2)  # fmt: skip
+def parked_pair(name: str, value: int, seconds: float = 0.0) -> int:
+    """Two at a time; the rest park."""
+    return record(name, value, seconds)  # type: ignore[no-any-return]
+
+
+@app.task(base=LockedTask, lock_keys=["name"], lock_on_conflict="park", lock_rate_limit="2/s")
+def parked_paced(name: str, value: int) -> int:
+    """At most two starts a second; a throttled run parks until its window frees."""
+    return record(name, value)  # type: ignore[no-any-return]
+
+
+@app.task(base=LockedTask, lock_keys=["name"], lock_on_conflict="park", lock_timeout=3.0,
+          acks_late=True)  # fmt: skip
+def parked_late(name: str, value: int, seconds: float = 0.0) -> int:
+    """Park, acks_late: a busy single-process worker reserves no second message."""
+    return record(name, value, seconds)  # type: ignore[no-any-return]
+
+
+@app.task(base=LockedTask, lock_keys=["name"], lock_on_conflict="park", lock_order="enqueue",
+          lock_timeout=3.0)  # fmt: skip
+def ordered_job(name: str, value: int, seconds: float = 0.0) -> int:
+    """Park, and the calls of a key run in the order they were made."""
+    return record(name, value, seconds)  # type: ignore[no-any-return]
+
+
+_FENCED_WRITE = """
+local current = tonumber(redis.call('GET', KEYS[1]) or '0')
+if tonumber(ARGV[1]) < current then
+  redis.call('RPUSH', KEYS[3], ARGV[2])
+  return 0
+end
+redis.call('SET', KEYS[1], ARGV[1])
+redis.call('RPUSH', KEYS[2], ARGV[2])
+return 1
+"""
+
+
+@app.task(base=LockedTask, lock_keys=["name"], lock_timeout=2.0, lock_on_lost="raise",
+          lock_on_conflict="wait", lock_wait=60)  # fmt: skip
+def fenced_writer(name: str, who: str, steps: int) -> str:
+    """Writes ``who`` to a fenced resource (refusing a token older than the last write it
+    took) every 0.1 s, ``steps`` times, under its lock."""
+    from celery_singleton_lock import current_lock  # noqa: PLC0415
+
+    lock = current_lock()
+    assert lock is not None
+    r = data()
+    r.rpush(f"pid:{name}", f"{who} {os.getpid()}")
+    keys = (f"fence:{name}", f"accepted:{name}", f"refused:{name}")
+    for _ in range(steps):
+        time.sleep(0.1)
+        r.eval(_FENCED_WRITE, 3, *keys, lock.fencing_token, who)
+    return who
+
+
+@app.task(base=LockedTask, lock_keys=["name"], lock_scope="queue")
+def queued_once(name: str, value: int) -> int:
+    """Queue scope: a task id runs once."""
+    return record(name, value)  # type: ignore[no-any-return]

@@ -5,13 +5,16 @@
 --@include finished
 --@include slots
 -- release(lock or slot key, waiters' queue key, owner token, slots, done key, task id,
--- keep ms) -> 0 not owned (nothing done), 1 released, 2 released and waiters signalled, 3
--- handed over to the first live waiter. Owner-checked; with slots > 1 the highest token
+-- keep ms, fair ms) -> 0 not owned (nothing done), 1 released, 2 released and waiters
+-- signalled, 3 handed over to the first live waiter. With fair ms > 0 (eventual fairness,
+-- fair_after) the lock is handed over only once the first waiter has waited that long
+-- (since its first try); before that it is freed and the waiters woken, so a newcomer may
+-- take it first. Owner-checked; with slots > 1 the highest token
 -- issued across slots is kept in <base>${K_FENCE}, the slot index follows (lib/slots.lua),
 -- and any waiter is served whatever the flag (ACQUIRE_SLOTS flags no slot: that would
 -- mean writing all N). With a done key (optional), the task id is recorded as finished in
 -- the same step (lib/finished.lua).
-local function release(key, queue, token, slots, done_key, task_id, keep)
+local function release(key, queue, token, slots, done_key, task_id, keep, fair)
   local current = redis.call('GET', key)
   if not current then return 0 end
   local flag, fence = owned(current, token)
@@ -32,8 +35,16 @@ local function release(key, queue, token, slots, done_key, task_id, keep)
     done()
     return 1
   end
+  local barge = false
+  if fair and fair > 0 then
+    local head = redis.call('ZRANGE', queue, 0, 0, 'WITHSCORES')
+    if head[1] then
+      local _, now_us = clock()
+      barge = now_us - tonumber(head[2]) < fair * 1000
+    end
+  end
   -- ZPOPMIN comes first: a write that never needs memory (see engine/scripts/__init__.py)
-  for _ = 1, 16 do
+  for _ = 1, (barge and 0 or 16) do
     local waiter = redis.call('ZPOPMIN', queue)[1]
     if not waiter then break end
     local wants = redis.call('GET', b .. '${K_WAITER}' .. waiter)

@@ -1,0 +1,108 @@
+"""The park sweep: every worker of an app with parked tasks, now and then, makes sure no parked
+call is lost.
+
+A call handed its key but not started within ``GRANT_RESTART`` (its releasing process died
+before publishing it, or the message was lost) is published again — a second copy of a call
+that does start runs once, by the one-delivery rule — and a free key (its holder died
+without releasing, a success hold ran out) goes to the first parked call. The sweep goes
+through the keys named in the prefix's parking list (``modes.park.parking_index``); a key
+with nothing parked or handed off any more leaves it.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import threading
+from typing import TYPE_CHECKING, Any
+
+from celery_singleton_lock.client import redis_for
+from celery_singleton_lock.config import settings_for
+from celery_singleton_lock.engine import atomic
+from celery_singleton_lock.engine.wire import call
+from celery_singleton_lock.exceptions import LockError
+from celery_singleton_lock.modes.park import GRANT_RESTART, decode_call, parking_index
+from celery_singleton_lock.runtime.context import publish_past_lock
+from celery_singleton_lock.runtime.locking import locking_for
+
+if TYPE_CHECKING:
+    from celery import Celery
+
+__all__ = ["SWEEP_INTERVAL", "Sweeper", "sweep"]
+
+log = logging.getLogger("celery_singleton_lock.worker")
+
+#: Seconds between two sweeps of a worker (with up to a fifth more, so workers spread out).
+SWEEP_INTERVAL = 3.0
+#: The most keys one sweep looks at, and calls it publishes again per key.
+SWEEP_KEYS = 1000
+SWEEP_CALLS = 100
+
+
+def _ms(seconds: float) -> int:
+    return max(1, int(seconds * 1000))
+
+
+def _text(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+def sweep(app: Celery) -> int:
+    """One sweep of ``app``'s parked keys; how many calls it published."""
+    settings = settings_for(app)
+    client = redis_for(app, settings.url)
+    index = parking_index(settings.prefix)
+    published = 0
+    for member in call(index, client.zrange, index, 0, SWEEP_KEYS - 1):
+        task_name, _, key = _text(member).partition("\n")
+        task = app.tasks.get(task_name)
+        if task is None:
+            continue  # a task this worker does not know: a worker that does sweeps it
+        locking = locking_for(task)
+        if locking is None:
+            continue
+        options = locking.options
+        active, calls = atomic.park_sweep(
+            client,
+            key,
+            restart_ms=_ms(GRANT_RESTART),
+            grant_ms=_ms(options.queue_timeout),
+            most=SWEEP_CALLS,
+            slots=options.limit,
+            ordered=options.order == "enqueue",
+        )
+        for handed in calls:
+            _, handed_call = decode_call(handed.task_id, handed.payload)
+            log.warning(
+                "%s[%s]: handed %s by the park sweep; publishing it", task_name, handed.task_id, key
+            )
+            publish_past_lock(task, locking, key, handed_call)
+            published += 1
+        if not active:
+            call(index, client.zrem, index, member)
+    return published
+
+
+class Sweeper:
+    """A daemon thread of a worker's main process that sweeps ``app`` every
+    ``SWEEP_INTERVAL`` seconds (a sweep that fails is logged and tried again later)."""
+
+    def __init__(self, app: Celery) -> None:
+        self.app = app
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="csl-park-sweep", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def _run(self) -> None:
+        while not self._stop.wait(SWEEP_INTERVAL * random.uniform(1.0, 1.2)):
+            try:
+                sweep(self.app)
+            except (LockError, OSError) as exc:
+                log.warning("park sweep failed, trying again: %s", exc)
+            except Exception:  # a sweep must never end the worker
+                log.exception("park sweep failed")
