@@ -58,7 +58,7 @@ COLUMN_MEANINGS = {
     "AGE": "seconds since the hold began (its fencing token is the server's clock then; for "
     "a queue-scope lock, since the publish)",
     "WAITERS": "the task ids waiting for the key, in the order they came (the first three)",
-    "PARKED": "how many calls wait parked on the key (`lock_on_conflict=\"park\"`)",
+    "PARKED": 'how many calls wait parked on the key (`lock_on_conflict="park"`)',
     "FOLLOW-UP": "the task id of the key's pending follow-up (`coalesce`, `replace`)",
 }
 
