@@ -3,7 +3,9 @@
 ``locks.png``: contended throughput (scenario B) and hand-off latency (scenario C, p50 and
 p99) per library. ``waiters.png``: scenario E, commands per hand-off and hand-off latency
 against the number of waiters (log x). Every value is a median over the run's repetitions,
-the same value its table shows.
+the same value its table shows. ``hotkey.png``: the hot-key benchmark (issue 23), the
+distinct-key and the hot-key calls done over time per conflict policy, from the run with
+the median completion of the distinct-key calls.
 """
 
 from __future__ import annotations
@@ -13,6 +15,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from benchmarks.bench_hotkey import LABELS as HOTKEY_LABELS
+from benchmarks.bench_hotkey import POLICIES, representative
 from benchmarks.bench_lock import CONTENDERS, E_WAITING, e_points, median_of, status_of
 
 Results = dict[str, dict[str, list[dict[str, Any]]]]
@@ -144,6 +148,51 @@ def plot_waiters(results: Results, path: Path, caption: str) -> Path | None:
         axis.set_xlabel("waiters blocked on the lock (log scale)")
         axis.grid(alpha=0.3)
         axis.legend(fontsize=7, ncol=2, loc="upper center", bbox_to_anchor=(0.5, -0.16))
+    fig.suptitle(caption, fontsize=8, y=0.995)
+    fig.tight_layout()
+    out = _save(fig, path)
+    plt.close(fig)
+    return out
+
+
+#: One colour per conflict policy of the hot-key plot.
+HOTKEY_COLOURS = {"none": "#7f7f7f", "park": "#1f77b4", "wait": "#d62728", "retry": "#2ca02c"}
+
+
+def plot_hotkey(results: dict[str, list[dict[str, Any]]], path: Path, caption: str) -> Path | None:
+    """The hot-key benchmark (``bench_hotkey``): per policy, the share of the distinct-key
+    calls done against time since the first publish (left), and the hot key's calls done
+    (right, log time). Each curve is one run: the run with the median completion of the
+    distinct-key calls, so the curve ends at the value of the table."""
+    chosen = {p: representative(results.get(p, [])) for p, _ in POLICIES}
+    drawn = {p: run for p, run in chosen.items() if run is not None}
+    if not drawn:
+        return None
+    plt = _pyplot()
+    fig, (left, right) = plt.subplots(1, 2, figsize=(12, 4.8))
+    for policy, run in drawn.items():
+        colour = HOTKEY_COLOURS.get(policy, "#333333")
+        label = HOTKEY_LABELS[policy].replace("`", "")
+        cold = [ms / 1000 for ms in run["cold_ends_ms"]]
+        if cold:
+            left.step([0.0, *cold], [i / len(cold) for i in range(len(cold) + 1)],
+                      where="post", color=colour, label=label)  # fmt: skip
+        hot = [ms / 1000 for ms in run.get("hot_ends_ms", [])]
+        if hot:
+            right.step(hot, range(1, len(hot) + 1), where="post", color=colour, label=label)
+    left.set_title("Distinct-key calls done (higher and further left is better)")
+    left.set_xlabel("seconds since the first publish")
+    left.set_ylabel("share of the distinct-key calls done")
+    left.set_xlim(left=0)
+    left.set_ylim(0, 1.02)
+    right.set_title("Hot-key calls done (one at a time)")
+    right.set_xlabel("seconds since the first publish (log scale)")
+    right.set_ylabel("hot-key calls done")
+    right.set_xscale("log")
+    left.legend(fontsize=8, loc="lower right")
+    right.legend(fontsize=8, loc="upper left")
+    for axis in (left, right):
+        axis.grid(alpha=0.3)
     fig.suptitle(caption, fontsize=8, y=0.995)
     fig.tight_layout()
     out = _save(fig, path)

@@ -359,12 +359,24 @@ def skipped(
         _event(task, task_id, SKIPPED_EVENT, key=key, holder_task_id=holder_task_id)
 
 
+#: Whether this worker sends task events (``celery worker -E``, ``worker_send_task_events``):
+#: set by the worker's bootstep before the pool starts; the lock's worker events follow it,
+#: as Celery's own task events do.
+_worker_events = False
+
+
+def worker_events(enabled: bool) -> None:
+    """Say whether this worker (and the pool processes it starts) sends task events."""
+    global _worker_events  # noqa: PLW0603 - one worker per process
+    _worker_events = enabled
+
+
 def _event(task: Any, task_id: str, event: str, **fields: Any) -> None:
-    """Send the worker event ``event`` about the run ``task_id`` (nothing outside a worker;
-    a broker without events never fails the task)."""
+    """Send the worker event ``event`` about the run ``task_id`` when this worker sends task
+    events (nothing outside a worker; a broker without events never fails the task)."""
     request = task.request
-    if request.is_eager or not getattr(request, "hostname", None):
-        return  # no worker, no event
+    if not _worker_events or request.is_eager or not getattr(request, "hostname", None):
+        return  # no worker, or one that sends no task events: no event
     try:
         task.send_event(event, retry=False, name=task.name, **fields)
     except Exception as exc:  # noqa: BLE001 - a broker without events (SQS) must not fail the task
@@ -550,7 +562,10 @@ def signals_markdown() -> str:
 
 #: Who sends an event, by the helper that sends it.
 _EVENT_SENDERS = {
-    "_event": ("the worker the message was delivered to", ("uuid", "name", "hostname")),
+    "_event": (
+        "the worker the message was delivered to, when it sends task events (`-E`)",
+        ("uuid", "name", "hostname"),
+    ),
     "_producer_event": (
         "the producer, when the app sets `task_send_sent_event`",
         ("uuid", "name"),

@@ -30,6 +30,7 @@ from celery.app.annotations import prepare
 from celery.exceptions import CeleryCommandException, ImproperlyConfigured
 from celery.utils.functional import firstmethod
 
+from celery_singleton_lock import _observe as observe
 from celery_singleton_lock import runtime, signals
 from celery_singleton_lock.client import mask_url, redis_for
 from celery_singleton_lock.config import hide_password, settings_for, task_globs
@@ -124,6 +125,8 @@ class Preflight(bootsteps.Step):
 
     def __init__(self, worker: Any, **kwargs: Any) -> None:
         super().__init__(worker, **kwargs)
+        # The lock's worker events follow the worker's task events (-E), as Celery's do.
+        observe.worker_events(bool(getattr(worker, "task_events", False)))
         try:
             pool = getattr(worker, "pool_cls", None)
             preflight(worker.app, pool=pool if isinstance(pool, type) else None)

@@ -43,6 +43,7 @@ __all__ = [
     "follow",
     "hand_over",
     "hold",
+    "index_drop",
     "order_leave",
     "order_take",
     "order_turn",
@@ -270,6 +271,7 @@ _PARK_STARTED = SCRIPTS["park_started"]
 _ORDER_TAKE = SCRIPTS["order_take"]
 _ORDER_TURN = SCRIPTS["order_turn"]
 _ORDER_LEAVE = SCRIPTS["order_leave"]
+_INDEX_DROP = SCRIPTS["index_drop"]
 
 
 class ParkedCall(NamedTuple):
@@ -427,3 +429,9 @@ def order_leave(client: LockClient, key: str, task_id: str) -> bool:
     """Call ``task_id`` leaves the line of ``key`` without running (revoked, dropped).
     Whether it was in the line."""
     return int(call(key, _ORDER_LEAVE, client, 1, key, task_id)) == 1
+
+
+def index_drop(client: LockClient, index: str, member: str, *, before: int) -> bool:
+    """``member`` leaves the sorted set ``index`` unless its score (a server second) is
+    ``before`` or later: it was named again lately. Whether it left."""
+    return int(call(index, _INDEX_DROP, client, 1, index, member, before)) == 1

@@ -27,7 +27,27 @@ if TYPE_CHECKING:
 
     AnyResult = AsyncResult[Any]
 
-__all__ = ["ConflictPolicy", "HandedCall", "Mode", "Publish", "Release", "Run", "Scope"]
+__all__ = [
+    "ACQUIRED",
+    "ConflictPolicy",
+    "HandedCall",
+    "Mode",
+    "Publish",
+    "Release",
+    "Run",
+    "Scope",
+]
+
+
+class _Acquired:
+    """What ``ConflictPolicy.conflict`` returns when it took the key for the run."""
+
+    def __repr__(self) -> str:
+        return "ACQUIRED"
+
+
+#: A conflict policy took the key for the run after all: the run goes on.
+ACQUIRED = _Acquired()
 
 
 class HandedCall(NamedTuple):
@@ -273,7 +293,9 @@ class ConflictPolicy(Mode):
         return run.lock.acquire(blocking=False)
 
     def conflict(self, run: Run, holder: Holder | None) -> Any:
-        """The key stayed held by ``holder``: the run's result, or raise."""
+        """The key stayed held by ``holder``: the run's result, or raise; or ``ACQUIRED``
+        when the policy took the key for the run after all (it freed meanwhile): the run
+        goes on as if its first try had taken it."""
         raise NotImplementedError
 
     def throttled(self, run: Run, retry_in: float) -> bool:

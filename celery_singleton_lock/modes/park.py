@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import json
 import logging
+import time
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from celery.exceptions import Ignore
@@ -32,7 +33,7 @@ from celery_singleton_lock import _observe as observe
 from celery_singleton_lock.engine import atomic
 from celery_singleton_lock.engine.wire import call
 from celery_singleton_lock.exceptions import LockBackendError, TaskLocked, TaskThrottled
-from celery_singleton_lock.modes.base import ConflictPolicy, HandedCall
+from celery_singleton_lock.modes.base import ACQUIRED, ConflictPolicy, HandedCall
 from celery_singleton_lock.modes.policies import WAIT, refuse_in_canvas
 from celery_singleton_lock.modes.scope import drop_late_copy, finished, queue_token
 from celery_singleton_lock.options import Combination, no_scripts
@@ -47,6 +48,7 @@ __all__ = [
     "GRANT_RESTART",
     "HEADER_PARKED",
     "HEADER_TURN",
+    "INDEX_KEEP",
     "PARKED",
     "Park",
     "decode_call",
@@ -68,6 +70,15 @@ HEADER_TURN = "singleton_lock_turn"
 #: releasing process died, or lost the reply, before publishing it; a copy that comes
 #: after the first started runs once).
 GRANT_RESTART = 15.0
+#: How often a run that finds its key held and then free again tries to park or take it
+#: before it comes back through the broker.
+PARK_TRIES = 4
+#: A process names a key in the sweep's list again after this many seconds, and the sweep
+#: keeps a name at least ``INDEX_KEEP`` seconds (so no park goes unnamed in between).
+INDEX_REFRESH = 5.0
+INDEX_KEEP = 30
+_INDEXED_MOST = 10_000
+_indexed: dict[str, float] = {}
 #: A park queue outlives its last change by at least this much (seconds).
 MIN_KEEP = 86_400.0
 
@@ -119,9 +130,18 @@ def _mark_parked(task: Any, task_id: str, key: str, position: int) -> None:
 
 def _index(client: LockClient, prefix: str, key: str, task_name: str) -> None:
     """Name ``key`` (and its task) in the sweep's list before anything parks there (so a
-    crash between the two leaves at most a name the sweep drops)."""
+    crash between the two leaves at most a name the sweep drops), scored by the server's
+    second. A process names a key again only after ``INDEX_REFRESH`` seconds: the sweep
+    keeps a name younger than ``INDEX_KEEP``, parked calls or not."""
+    member = f"{task_name}\n{key}"
+    now = time.monotonic()
+    if now - _indexed.get(member, -INDEX_REFRESH) < INDEX_REFRESH:
+        return
     seconds, _ = (int(part) for part in call(key, client.time))
-    call(key, client.zadd, parking_index(prefix), {f"{task_name}\n{key}": seconds})
+    call(key, client.zadd, parking_index(prefix), {member: seconds})
+    if len(_indexed) >= _INDEXED_MOST:
+        _indexed.clear()
+    _indexed[member] = now
 
 
 class Park(ConflictPolicy):
@@ -177,9 +197,15 @@ class Park(ConflictPolicy):
     def conflict(self, run: Run, holder: Holder | None) -> Any:
         if run.eager:
             raise TaskLocked(run.key, holder.task_id if holder else None)
-        if not self.park_run(run, turn_of(run)):  # the key freed meanwhile: come back at once
-            raise run.retry(TaskLocked(run.key, None), 0.0, counted=False)
-        raise Ignore
+        turn = turn_of(run)
+        for _ in range(PARK_TRIES):
+            if self.park_run(run, turn):
+                raise Ignore
+            # The key freed between the try and the park (nobody parked before the run):
+            # take it here rather than through the broker.
+            if run.lock.acquire(blocking=False):
+                return ACQUIRED
+        raise run.retry(TaskLocked(run.key, None), 0.0, counted=False)
 
     def park_run(self, run: Run, turn: int | None) -> bool:
         """Park the delivered call ``run`` at ``turn`` (None: its arrival) and report it;

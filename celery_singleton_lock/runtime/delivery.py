@@ -36,12 +36,13 @@ def known_task(lock: RedisLock, task_id: str) -> bool:
     return task_holder(lock, task_id) is not None or finished(lock, task_id)
 
 
-def reclaim_from_dead_delivery(run: Run) -> bool:
+def reclaim_from_dead_delivery(run: Run, holders: list[Holder]) -> bool:
     """Take the lock over from an earlier delivery of this very message whose process died
     holding it (acks_late + reject_on_worker_lost requeues without any failure signal):
-    only when the holder is this task id, on this host, in a process that no longer exists."""
+    only when the holder is this task id, on this host, in a process that no longer exists.
+    ``holders``: the lock's holders, as just read."""
     lock = run.lock
-    holder = task_holder(lock, run.task_id)
+    holder = next((found for found in holders if found.task_id == run.task_id), None)
     if holder is None or holder.token is None:
         return False
     if process_state(holder.info) != "gone":

@@ -24,6 +24,7 @@ from celery.exceptions import Ignore, Reject, Retry
 
 from celery_singleton_lock import _observe as observe
 from celery_singleton_lock.exceptions import LockBackendError, TaskLocked
+from celery_singleton_lock.modes.base import ACQUIRED
 from celery_singleton_lock.modes.policies import tell
 from celery_singleton_lock.runtime import headers as hdr
 from celery_singleton_lock.runtime.context import RUN_ATTR, Run, holding
@@ -34,6 +35,8 @@ from celery_singleton_lock.runtime.watch import watching
 
 if TYPE_CHECKING:
     from celery import Task
+
+    from celery_singleton_lock.engine import Holder
 
     AnyTask = Task[Any, Any]
 else:
@@ -88,8 +91,12 @@ def locked_call(task: AnyTask, args: tuple[Any, ...], kwargs: dict[str, Any], ca
         for mode in hooks:
             mode.deliver(run)
         acquired = run.policy.acquire(run)
-        if not acquired and not reclaim_from_dead_delivery(run):
-            return on_conflict(run)
+        if not acquired:
+            holders = run.lock.holders()
+            if not reclaim_from_dead_delivery(run, holders):
+                outcome = on_conflict(run, holders)
+                if outcome is not ACQUIRED:
+                    return outcome
         for mode in hooks:
             if not mode.admit(run):
                 return None
@@ -107,11 +114,10 @@ def locked_call(task: AnyTask, args: tuple[Any, ...], kwargs: dict[str, Any], ca
     return body(run)
 
 
-def on_conflict(run: Run) -> Any:
-    """The key stayed held: an earlier delivery of this very message (alive elsewhere, or
-    not provably dead) makes this one come back later, since skipping it would drop the
-    work; any other holder meets the run's conflict policy."""
-    holders = run.lock.holders()
+def on_conflict(run: Run, holders: list[Holder]) -> Any:
+    """The key stayed held (by ``holders``, as just read): an earlier delivery of this very
+    message (alive elsewhere, or not provably dead) makes this one come back later, since
+    skipping it would drop the work; any other holder meets the run's conflict policy."""
     # An earlier delivery of this very message, else the newest holder (of any slot).
     holder = next((found for found in holders if found.task_id == run.task_id), None) or max(
         holders, key=lambda found: found.fence or 0, default=None

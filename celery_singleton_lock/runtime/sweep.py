@@ -21,7 +21,12 @@ from celery_singleton_lock.config import settings_for
 from celery_singleton_lock.engine import atomic
 from celery_singleton_lock.engine.wire import call
 from celery_singleton_lock.exceptions import LockError
-from celery_singleton_lock.modes.park import GRANT_RESTART, decode_call, parking_index
+from celery_singleton_lock.modes.park import (
+    GRANT_RESTART,
+    INDEX_KEEP,
+    decode_call,
+    parking_index,
+)
 from celery_singleton_lock.runtime.context import publish_past_lock
 from celery_singleton_lock.runtime.locking import locking_for
 
@@ -53,6 +58,7 @@ def sweep(app: Celery) -> int:
     client = redis_for(app, settings.url)
     index = parking_index(settings.prefix)
     published = 0
+    seconds, _ = (int(part) for part in call(index, client.time))
     for member in call(index, client.zrange, index, 0, SWEEP_KEYS - 1):
         task_name, _, key = _text(member).partition("\n")
         task = app.tasks.get(task_name)
@@ -78,8 +84,8 @@ def sweep(app: Celery) -> int:
             )
             publish_past_lock(task, locking, key, handed_call)
             published += 1
-        if not active:
-            call(index, client.zrem, index, member)
+        if not active:  # unless named again lately (a call about to park there)
+            atomic.index_drop(client, index, _text(member), before=seconds - INDEX_KEEP)
     return published
 
 

@@ -49,7 +49,7 @@ def metrics_port() -> int:
 def _worker(modes_redis: RedisServer, tmp: Path, name: str, **env: str) -> CeleryWorker:
     return CeleryWorker(
         APP, concurrency=2, hostname=f"{name}@%h", cwd=ROOT, log_path=tmp / f"{name}.log",
-        ready_timeout=60,
+        ready_timeout=60, extra_args=("-E",),
         env={"CSL_MODES_URL": modes_redis.url, "PYTHONPATH": str(ROOT), **env},
     )  # fmt: skip
 

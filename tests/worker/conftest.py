@@ -70,12 +70,14 @@ class WorkerFactory:
         app: str = "tests.worker.proj",
         ready_timeout: float = 30.0,
         queues: tuple[str, ...] = (),
+        extra_args: tuple[str, ...] = (),
     ) -> CeleryWorker:
         name = f"w{len(self.started)}-{uuid.uuid4().hex[:6]}"
         worker = CeleryWorker(
             app, pool=pool, concurrency=concurrency, hostname=f"{name}@%h",
             env={**self.env, "CSL_WORKER_POOL": pool, **(extra_env or {})}, cwd=ROOT,
             log_path=self.tmp / f"{name}.log", ready_timeout=ready_timeout, queues=queues,
+            extra_args=extra_args,
         )  # fmt: skip
         self.started.append(worker)
         return worker.start()

@@ -235,3 +235,26 @@ def test_ordered_calls_survive_a_killed_holder(
     assert [result.get(timeout=40) for result in later] == [1, 2, 3, 4]
     assert _order(data, "o4") == [0, 1, 2, 3, 4]
     assert data.get("over:o4") is None
+
+
+@pytest.mark.parametrize("events", [True, False], ids=["-E", "no-events"])
+def test_parked_and_unparked_events_follow_the_worker_s_task_events(
+    keep: ModuleType, data: redis.Redis, workers: Callable[..., CeleryWorker], events: bool
+) -> None:
+    """A worker started with -E sends task-lock-parked and task-lock-unparked for a parked
+    call; one without sends none (as Celery's own task events), while the call still
+    parks and runs."""
+    from tests.observe.test_skip import EventCapture  # noqa: PLC0415 - a test helper
+
+    workers(concurrency=2, app=APP, extra_args=("-E",) if events else ())
+    name = f"ev-{events}"
+    with EventCapture(keep.app, "task-lock-unparked") as capture:
+        keep.parked_job.delay(name, 0, 1.0)
+        assert wait_for(lambda: data.llen(f"runs:{name}") == 1, timeout=20)
+        later = keep.parked_job.delay(name, 1)
+        assert wait_for(lambda: later.state == "PARKED", timeout=10)
+        assert later.get(timeout=20) == 1
+        got = capture.done.wait(5)
+    assert got is events
+    if events:
+        assert capture.events[0]["uuid"] == later.id
