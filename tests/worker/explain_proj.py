@@ -38,9 +38,13 @@ def data() -> redis.Redis:
 
 
 def busy(name: str, seconds: float) -> str:
-    """Record this run's pid under ``name``, then sleep ``seconds``."""
+    """Record this run's pid under ``name``, then sleep ``seconds`` or until the test pushes
+    to ``go:<name>`` (so a test on a loaded machine can hold as long as it needs, then end
+    the run at once)."""
     data().rpush(f"pids:{name}", os.getpid())
-    time.sleep(seconds)
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline and not data().exists(f"go:{name}"):
+        time.sleep(min(0.05, max(0.0, deadline - time.monotonic())))
     return name
 
 

@@ -72,7 +72,7 @@ def test_the_holder_is_the_pool_process_that_runs_the_body(
     runs the body, since when, lease left, the fencing token; the lease's renewal shows once
     the renewer extended it. The CLI prints the same holder, as text and as JSON."""
     workers(concurrency=2, app=APP)
-    first = ex.hold.delay("h1", 6.0)
+    first = ex.hold.delay("h1", 60.0)  # ended below by a push to go:h1
     (pid,) = _started(data, "h1")
     explanation = ex.hold.lock_explain("h1")
     assert explanation.key == ex.hold.lock_key("h1")
@@ -112,6 +112,7 @@ def test_the_holder_is_the_pool_process_that_runs_the_body(
     assert data_["state"] == "held"
     assert data_["holders"][0]["task_id"] == first.id
     assert data_["holders"][0]["pid"] == pid
+    data.rpush("go:h1", 1)
     assert first.get(timeout=20) == "h1"
     assert ex.hold.lock_explain("h1").state == "free"
 
