@@ -23,10 +23,10 @@ from celery.utils import uuid
 from celery_singleton_lock.engine import atomic
 from celery_singleton_lock.exceptions import LockBackendError
 from celery_singleton_lock.modes.base import Mode
-from celery_singleton_lock.modes.park import (
+from celery_singleton_lock.modes.park import Park
+from celery_singleton_lock.modes.parking import (
     HEADER_PARKED,
     HEADER_TURN,
-    Park,
     priority_rank,
     take_turn,
     turn_of,

@@ -23,17 +23,31 @@ from __future__ import annotations
 
 import json
 import logging
-import time
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from celery.exceptions import Ignore
-from kombu.serialization import dumps, loads
 
 from celery_singleton_lock import _observe as observe
 from celery_singleton_lock.engine import atomic
-from celery_singleton_lock.engine.wire import call
 from celery_singleton_lock.exceptions import LockBackendError, TaskLocked, TaskThrottled
 from celery_singleton_lock.modes.base import ACQUIRED, ConflictPolicy, HandedCall
+from celery_singleton_lock.modes.parking import (
+    HEADER_PARKED,
+    HEADER_TURN,
+    INDEX_KEEP,
+    PARKED,
+    decode_call,
+    encode_call,
+    index_key,
+    keep_ms,
+    mark_parked,
+    milliseconds,
+    parking_index,
+    priority_rank,
+    take_turn,
+    task_of,
+    turn_of,
+)
 from celery_singleton_lock.modes.policies import WAIT, refuse_in_canvas
 from celery_singleton_lock.modes.scope import drop_late_copy, finished, queue_token
 from celery_singleton_lock.options import Combination, no_scripts
@@ -60,12 +74,6 @@ __all__ = [
 
 log = logging.getLogger("celery_singleton_lock.task")
 
-#: The result state of a parked call (meta: ``key``, ``position``).
-PARKED = "PARKED"
-#: Header of a message published from the park queue (its value: the key it parked on).
-HEADER_PARKED = "singleton_lock_parked"
-#: Header of a call's turn in its key's line (``lock_order="enqueue"``, taken at publish).
-HEADER_TURN = "singleton_lock_turn"
 #: Seconds a call handed the key may take to start before a sweep publishes it again (its
 #: releasing process died, or lost the reply, before publishing it; a copy that comes
 #: after the first started runs once).
@@ -73,75 +81,6 @@ GRANT_RESTART = 15.0
 #: How often a run that finds its key held and then free again tries to park or take it
 #: before it comes back through the broker.
 PARK_TRIES = 4
-#: A process names a key in the sweep's list again after this many seconds, and the sweep
-#: keeps a name at least ``INDEX_KEEP`` seconds (so no park goes unnamed in between).
-INDEX_REFRESH = 5.0
-INDEX_KEEP = 30
-_INDEXED_MOST = 10_000
-_indexed: dict[str, float] = {}
-#: A park queue outlives its last change by at least this much (seconds).
-MIN_KEEP = 86_400.0
-
-
-def _ms(seconds: float) -> int:
-    return max(1, int(seconds * 1000))
-
-
-def parking_index(prefix: str) -> str:
-    """The sorted set of lock keys with parked calls, which the sweep goes through (in a
-    hash slot of its own, named after the prefix)."""
-    return f"{{{prefix}}}~parking"
-
-
-def encode_call(task_name: str, call: HandedCall, *, key: str, serializer: str) -> bytes:
-    """A call as the park queue keeps it: what publishing it again needs. Its headers name
-    the key it parked on."""
-    options = {name: value for name, value in call.options.items() if name != "task_id"}
-    options["headers"] = {**(options.get("headers") or {}), HEADER_PARKED: key}
-    content_type, encoding, body = dumps(
-        [list(call.args), dict(call.kwargs)], serializer=serializer
-    )
-    data = body if isinstance(body, bytes) else str(body).encode()
-    head = "\n".join((task_name, content_type, encoding, json.dumps(options, default=str)))
-    return head.encode() + b"\n" + data
-
-
-def decode_call(task_id: str, payload: bytes) -> tuple[str, HandedCall]:
-    """(task name, the call) of a parked call handed its key."""
-    task_name, content_type, encoding, options, body = payload.split(b"\n", 4)
-    args, kwargs = loads(
-        body, content_type.decode(), encoding.decode(), accept={content_type.decode()}
-    )
-    return task_name.decode(), HandedCall(task_id, tuple(args), dict(kwargs), json.loads(options))
-
-
-def _keep_ms(options: LockOptions) -> int:
-    return _ms(max(options.queue_timeout, MIN_KEEP))
-
-
-def _mark_parked(task: Any, task_id: str, key: str, position: int) -> None:
-    """Store ``PARKED`` (meta: key and position) for ``task_id``, so Flower and
-    ``AsyncResult.state`` show it; nothing to store without a result backend."""
-    try:
-        task.backend.store_result(task_id, {"key": key, "position": position}, PARKED)
-    except Exception:
-        log.debug("could not store PARKED for %s", task_id, exc_info=True)
-
-
-def _index(client: LockClient, prefix: str, key: str, task_name: str) -> None:
-    """Name ``key`` (and its task) in the sweep's list before anything parks there (so a
-    crash between the two leaves at most a name the sweep drops), scored by the server's
-    second. A process names a key again only after ``INDEX_REFRESH`` seconds: the sweep
-    keeps a name younger than ``INDEX_KEEP``, parked calls or not."""
-    member = f"{task_name}\n{key}"
-    now = time.monotonic()
-    if now - _indexed.get(member, -INDEX_REFRESH) < INDEX_REFRESH:
-        return
-    seconds, _ = (int(part) for part in call(key, client.time))
-    call(key, client.zadd, parking_index(prefix), {member: seconds})
-    if len(_indexed) >= _INDEXED_MOST:
-        _indexed.clear()
-    _indexed[member] = now
 
 
 class Park(ConflictPolicy):
@@ -248,7 +187,7 @@ class Park(ConflictPolicy):
         try:
             outcome = atomic.park_release(
                 lock,
-                _ms(ending.options.queue_timeout),
+                milliseconds(ending.options.queue_timeout),
                 ending.record,
                 ordered=ending.task_id if ending.options.order == "enqueue" else None,
             )
@@ -303,13 +242,13 @@ class Park(ConflictPolicy):
         turn: int | None,
     ) -> atomic.Parked:
         token = queue_token(task_id, options.limit)
-        task_name = _task_of(payload)
+        task_name = task_of(payload)
         info = json.dumps(
             {"task_id": task_id, "task": task_name, "queued": True, "parked": True},
             sort_keys=True,
             separators=(",", ":"),
         )
-        _index(client, prefix, key, task_name)
+        index_key(client, prefix, key, task_name)
         return atomic.park(
             client,
             key,
@@ -318,56 +257,17 @@ class Park(ConflictPolicy):
             token=token,
             info=info,
             payload=payload,
-            keep_ms=_keep_ms(options),
-            grant_ms=_ms(options.queue_timeout),
+            keep_ms=keep_ms(options),
+            grant_ms=milliseconds(options.queue_timeout),
             slots=options.limit,
             ordered=options.order == "enqueue",
         )
 
     def _parked(self, task: Any, key: str, task_id: str, position: int, scope: str) -> None:
-        _mark_parked(task, task_id, key, position)
+        mark_parked(task, task_id, key, position)
         observe.parked(task, key, task_id, position=position, scope=scope)
         log.info("%s[%s] parked on %s (position %s)", task.name, task_id, key, position)
 
     def _publish(self, where: Release | Publish | Run, handed: atomic.ParkedCall) -> None:
         """Publish a parked call that was just handed the key, past the lock."""
         where.publish_past_lock(decode_call(handed.task_id, handed.payload)[1])
-
-
-def priority_rank(app: Any, priority: Any) -> int:
-    """Where a Celery ``priority`` puts a call in its key's line (0 first, 255 last), read as
-    the app's broker reads it: on Redis 0 is the highest priority, on AMQP 255 is; no
-    priority is 0 to both brokers."""
-    try:
-        number = min(255, max(0, int(priority or 0)))
-    except (TypeError, ValueError):
-        number = 0
-    url = str(app.conf.broker_url or "")
-    lowest_first = url.split("://", 1)[0].split("+", 1)[0] in {"redis", "rediss", "sentinel"}
-    return number if lowest_first else 255 - number
-
-
-def take_turn(
-    client: LockClient, key: str, task_id: str, *, rank: int, options: LockOptions
-) -> int:
-    """The turn of call ``task_id`` in the line of ``key``: taken now at the back of its
-    rank, or the one it has."""
-    return atomic.order_take(client, key, task_id, rank=rank, keep_ms=_ms(options.queue_timeout))
-
-
-def turn_of(run: Run) -> int | None:
-    """The turn of a delivered call in its key's line: from its message, else taken now
-    (it was published with a countdown or ETA, or not through ``apply_async``); None when
-    its key's calls run in arrival order."""
-    if run.options.order != "enqueue":
-        return None
-    carried = run.header(HEADER_TURN)
-    if carried is not None:
-        return int(carried)
-    delivery = getattr(run.request, "delivery_info", None) or {}
-    rank = priority_rank(run.task.app, delivery.get("priority"))
-    return take_turn(run.client, run.key, run.task_id, rank=rank, options=run.options)
-
-
-def _task_of(payload: bytes) -> str:
-    return payload.split(b"\n", 1)[0].decode("utf-8", "replace")

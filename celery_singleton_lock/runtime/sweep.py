@@ -5,7 +5,7 @@ A call handed its key but not started within ``GRANT_RESTART`` (its releasing pr
 before publishing it, or the message was lost) is published again — a second copy of a call
 that does start runs once, by the one-delivery rule — and a free key (its holder died
 without releasing, a success hold ran out) goes to the first parked call. The sweep goes
-through the keys named in the prefix's parking list (``modes.park.parking_index``); a key
+through the keys named in the prefix's parking list (``modes.parking.parking_index``); a key
 with nothing parked or handed off any more leaves it.
 """
 
@@ -21,12 +21,8 @@ from celery_singleton_lock.config import settings_for
 from celery_singleton_lock.engine import atomic
 from celery_singleton_lock.engine.wire import call
 from celery_singleton_lock.exceptions import LockError
-from celery_singleton_lock.modes.park import (
-    GRANT_RESTART,
-    INDEX_KEEP,
-    decode_call,
-    parking_index,
-)
+from celery_singleton_lock.modes.park import GRANT_RESTART
+from celery_singleton_lock.modes.parking import INDEX_KEEP, decode_call, parking_index
 from celery_singleton_lock.runtime.context import publish_past_lock
 from celery_singleton_lock.runtime.locking import locking_for
 
