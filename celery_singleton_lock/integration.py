@@ -161,9 +161,9 @@ class ParkSweep(bootsteps.StartStopStep):
 
 
 def parks(app: Celery) -> bool:
-    """Whether any locked task of ``app`` parks on a conflict."""
+    """Whether any locked task of ``app`` sets calls aside in the lock Redis (parks them)."""
     return any(
-        (locking := runtime.locking_for(task)) is not None and locking.options.on_conflict == "park"
+        (locking := runtime.locking_for(task)) is not None and locking.plan.policy.keeps_calls
         for task in list(app.tasks.values())
     )
 

@@ -282,6 +282,9 @@ class ConflictPolicy(Mode):
 
     #: The policy name reported by signals.
     reported: ClassVar[str] = ""
+    #: Whether calls it sets aside live only in the lock Redis (so workers sweep for them,
+    #: and ``locks check`` asks for a lock Redis that keeps its data).
+    keeps_calls: ClassVar[bool] = False
 
     def for_attempt(self, retried: bool) -> ConflictPolicy:
         """The policy of an attempt that is the work itself (``retried``: a retry, or a run

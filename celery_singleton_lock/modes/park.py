@@ -88,6 +88,7 @@ class Park(ConflictPolicy):
     parked call when it frees."""
 
     name = reported = "park"
+    keeps_calls = True
     rules: ClassVar[tuple[Combination, ...]] = (
         Combination(
             lambda o, s: o.on_conflict == "park" and no_scripts(s),

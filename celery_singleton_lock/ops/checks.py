@@ -174,7 +174,7 @@ def parking_tasks(app: Celery) -> list[str]:
             locking = locking_for(task)
         except ImproperlyConfigured:
             continue
-        if locking is not None and locking.options.on_conflict == "park":
+        if locking is not None and locking.plan.policy.keeps_calls:
             parking.append(name)
     return parking
 

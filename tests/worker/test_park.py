@@ -153,8 +153,10 @@ def test_a_throttled_run_parks_until_its_window_frees(
     results = [keep.parked_paced.delay("paced", value) for value in range(6)]
     assert sorted(result.get(timeout=30) for result in results) == list(range(6))
     starts = sorted(started for _, started, _ in _runs(data, "paced"))
+    # Bodies stamp their start on this host's clock, a scheduling delay after the admission
+    # on the server's; a third start in one window would be 0.5 s or less after the first.
     for index in range(2, len(starts)):
-        assert starts[index] - starts[index - 2] >= 0.95
+        assert starts[index] - starts[index - 2] >= 0.9
 
 
 def _order(data: redis.Redis, name: str) -> list[int]:
