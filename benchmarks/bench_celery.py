@@ -81,7 +81,7 @@ from celery_singleton_lock.testing import (
 )
 
 ROOT = Path(__file__).resolve().parents[1]
-APP_MODULE = "benchmarks.celery_app"
+APP_MODULE = "benchmarks.celery_app_more"
 Result = dict[str, Any]
 
 #: (id, label) in table order; ids are keys of ``celery_app.TASKS``.
@@ -92,7 +92,13 @@ CONTENDERS: tuple[tuple[str, str], ...] = (
     ("csl-run-3s", "`LockedTask` run scope, `lock_timeout=3` (ours, renewer in steady state)"),
     ("celery-singleton", "celery-singleton `Singleton`"),
     ("celery-once", "celery-once `QueueOnce`"),
+    ("plain-5ms", "plain `Task`, 5 ms body"),
+    ("csl-run-5ms", "`LockedTask` run scope, 5 ms body (ours)"),
+    ("csl-queue-5ms", "`LockedTask` queue scope, 5 ms body (ours)"),
 )
+#: Contenders with a 5 ms body: compared with ``plain-5ms``, drained with ``slow_tasks``
+#: tasks, left out of the MONITOR audit (their lock commands are those of the trivial ones).
+SLOW = frozenset({"plain-5ms", "csl-run-5ms", "csl-queue-5ms"})
 LABELS = dict(CONTENDERS)
 #: Commands our own admin connection sends; never counted.
 OWN_COMMANDS = frozenset({"info", "config", "flushall", "echo"})
@@ -114,6 +120,7 @@ class Params:
     tasks: int
     warmup_tasks: int
     audit_tasks: int
+    slow_tasks: int = 1000
     concurrency: int = 2
     ready_timeout: float = 30.0
     stall_timeout: float = 20.0
@@ -512,14 +519,33 @@ def per_main(result: Result) -> float:
     return float((cpu["children"] + cpu["lock"]) / cpu["parent"]) if cpu["parent"] else 0.0
 
 
+#: CPU that counts as "lock CPU" when a plain task's is subtracted (issue 24): the producer
+#: and the lock server at publish, the worker's processes and the lock server at drain.
+TOTAL_PARTS = ("producer", "lock_publish", "children", "parent", "lock")
+
+
+def total_cpu(result: Result) -> float:
+    """Producer + worker processes + lock server CPU µs per task (the broker left out)."""
+    return float(sum(result["cpu_us"][part] for part in TOTAL_PARTS))
+
+
 def summarise(results: dict[str, list[Result]], audits: dict[str, Result]) -> dict[str, Result]:
     """Medians per contender; ratios are of medians (each median filters the bursts of a
-    shared machine on its own, where a per-run ratio would carry either run's burst)."""
-    plain_ok = [r for r in results.get("plain", []) if r["status"] == "ok"]
-    plain_rate = median([r["drain_rate"] for r in plain_ok])
-    plain_cpu = median([drain_cpu(r) for r in plain_ok])
+    shared machine on its own, where a per-run ratio would carry either run's burst). The
+    5 ms-body contenders are compared with ``plain-5ms``, the others with ``plain``.
+    ``lock_cpu_us``: median total CPU (``TOTAL_PARTS``) per task minus the plain task's."""
+
+    def reference(name: str) -> tuple[float, float, float]:
+        ok = [r for r in results.get(name, []) if r["status"] == "ok"]
+        return (median([r["drain_rate"] for r in ok]), median([drain_cpu(r) for r in ok]),
+                median([total_cpu(r) for r in ok]))  # fmt: skip
+
+    references = {name: reference(name) for name in ("plain", "plain-5ms")}
     summary: dict[str, Result] = {}
     for contender, runs in results.items():
+        plain_rate, plain_cpu, plain_total = references[
+            "plain-5ms" if contender in SLOW else "plain"
+        ]
         ok = [r for r in runs if r["status"] == "ok"]
         failed = [r["status"] for r in runs if r["status"] != "ok"]
         if not ok:
@@ -539,6 +565,8 @@ def summarise(results: dict[str, list[Result]], audits: dict[str, Result]) -> di
             "drain_cmds": median([r["drain_cmds"] for r in ok]),
             "cpu_us": {part: median([r["cpu_us"][part] for r in ok]) for part in ok[0]["cpu_us"]},
             "cpu_ratio": median([drain_cpu(r) for r in ok]) / plain_cpu,
+            "total_cpu_us": median([total_cpu(r) for r in ok]),
+            "lock_cpu_us": median([total_cpu(r) for r in ok]) - plain_total,
             "per_main": median([per_main(r) for r in ok]),
             "audit": audits.get(contender),
         }
@@ -568,7 +596,7 @@ def table(summary: dict[str, Result], contenders: Sequence[str]) -> str:
         if row["status"] != "ok":
             lines.append(f"| {label} | N/A: {row['status']} | – | – | – | – | – |")
             continue
-        ratio = "1.00" if contender == "plain" else f"{row['ratio']:.2f}×"
+        ratio = "1.00" if contender in ("plain", "plain-5ms") else f"{row['ratio']:.2f}×"
         cmds = f"{row['cmds']:.2f} ({row['publish_cmds']:.2f} + {row['drain_cmds']:.2f})"
         lines.append(
             f"| {label} | {row['drain_rate']:,.0f} | {ratio} "
@@ -583,8 +611,9 @@ def cpu_table(summary: dict[str, Result], contenders: Sequence[str]) -> str:
     lines = [
         "| contender | pool processes (of which side threads) | worker main process "
         "| broker server | lock server | drain total (ratio to plain) "
-        "| (pool + lock server) ÷ main process | producer publish | lock server at publish |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "| (pool + lock server) ÷ main process | producer publish | lock server at publish "
+        "| producer + worker + lock server | lock CPU (that − plain's) |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for contender in contenders:
         row = summary.get(contender, {"status": "not run"})
@@ -597,7 +626,8 @@ def cpu_table(summary: dict[str, Result], contenders: Sequence[str]) -> str:
             f"| {cpu['parent']:.0f} "
             f"| {cpu['broker']:.0f} | {cpu['lock']:.0f} | {total:.0f} ({row['cpu_ratio']:.2f}×) "
             f"| {row['per_main']:.2f} "
-            f"| {cpu['producer']:.0f} | {cpu['lock_publish']:.0f} |"
+            f"| {cpu['producer']:.0f} | {cpu['lock_publish']:.0f} "
+            f"| {row['total_cpu_us']:.0f} | {row['lock_cpu_us']:.0f} |"
         )
     return "\n".join(lines)
 
@@ -644,6 +674,7 @@ def build_params(
     return Params(
         runs=runs or (1 if quick else 3),
         tasks=tasks,
+        slow_tasks=max(100, tasks // 2),
         warmup_tasks=20,
         audit_tasks=min(tasks, audit_tasks),
     )
@@ -677,7 +708,8 @@ def run_celery(
         for run in range(params.runs):
             order = live[run % len(live) :] + live[: run % len(live)]  # rotate per run
             for contender in order:
-                outcome = bench.measure(contender, params.tasks)
+                tasks = params.slow_tasks if contender in SLOW else params.tasks
+                outcome = bench.measure(contender, tasks)
                 outcome["run"] = run
                 outcome["load1"] = os.getloadavg()[0]
                 results[contender].append(outcome)
@@ -694,7 +726,7 @@ def run_celery(
                     if outcome.get("log_tail"):
                         log(outcome["log_tail"])
         if params.audit_tasks:
-            for contender in live:
+            for contender in (c for c in live if c not in SLOW):
                 outcome = bench.measure(contender, params.audit_tasks, audit=True)
                 if outcome["status"] == "ok" and "audit" in outcome:
                     audits[contender] = outcome["audit"]
@@ -708,7 +740,10 @@ CPU_NOTE = (
     "processes plus both servers, ratio of medians to plain; the ÷ main process column is "
     "the median of per-run ratios of pool-process plus lock-server CPU to the worker main "
     "process's CPU, which is the same Celery work for every contender and so cancels the "
-    "host's drifting speed):"
+    "host's drifting speed; producer + worker + lock server is the producer's publish CPU, "
+    "the lock server's at publish and at drain and the worker's processes, the broker left "
+    "out; lock CPU is that total minus the plain task's, the 5 ms-body rows minus "
+    "plain 5 ms's, issue 24's \"lock CPU per task\"):"
 )
 
 

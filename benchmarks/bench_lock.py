@@ -39,7 +39,15 @@ from typing import Any, ClassVar, TypeVar
 
 import redis
 
-from benchmarks.contenders import CONTENDERS, Contender, CslLock, make_client
+from benchmarks.contenders import (
+    CONTENDERS,
+    FAIR_CONTENDERS,
+    FAIR_MS,
+    Contender,
+    CslLock,
+    make_client,
+)
+from benchmarks.fairness import Hold, head_waits
 from celery_singleton_lock.testing import RedisServer, find_redis_server
 
 Result = dict[str, Any]
@@ -90,6 +98,37 @@ def command_calls(admin: redis.Redis) -> dict[str, int]:
             continue
         calls[name] = int(value["calls"])
     return calls
+
+
+def contender(name: str) -> Contender:
+    """A contender of A-D and S, or one of scenario B's ``fair_after`` variants."""
+    return CONTENDERS[name] if name in CONTENDERS else FAIR_CONTENDERS[name]
+
+
+#: Every contender of scenario B: those of the other scenarios, then the fair_after ones.
+def b_names() -> list[str]:
+    return [*CONTENDERS, *FAIR_CONTENDERS]
+
+
+class StampingConnection(redis.Connection):
+    """A connection that stamps (CLOCK_MONOTONIC ns) the first request written after its
+    ``first_send`` was reset to 0, and the first reply read after that (``first_reply``):
+    scenario B's queue-entry interval of an acquire."""
+
+    first_send = 0
+    first_reply = 0
+
+    def send_packed_command(self, command: Any, check_health: bool = True) -> None:
+        if not self.first_send:
+            self.first_send = now_ns()
+            self.first_reply = 0
+        super().send_packed_command(command, check_health)  # type: ignore[no-untyped-call]
+
+    def read_response(self, *args: Any, **kwargs: Any) -> Any:
+        reply = super().read_response(*args, **kwargs)  # type: ignore[no-untyped-call]
+        if self.first_send and not self.first_reply:
+            self.first_reply = now_ns()
+        return reply
 
 
 class CountingConnection(redis.Connection):
@@ -271,17 +310,18 @@ def _b_child(
     out: Any,
 ) -> None:
     """One process of the flash-sale test: ``b_threads`` clients, each its own connection."""
-    factory = CONTENDERS[name].factory
+    factory = contender(name).factory
     local_ready = threading.Barrier(params.b_threads + 1)
     records: list[Result] = [
-        {"waits": [], "done": 0, "acquire_timeouts": 0, "release_errors": 0, "error": None}
+        {"waits": [], "holds": [], "done": 0, "acquire_timeouts": 0, "release_errors": 0,
+         "error": None}
         for _ in range(params.b_threads)
-    ]
+    ]  # fmt: skip
 
     def work(rec: Result) -> None:
         handle = None
         try:
-            client = make_client(url)
+            client = make_client(url, connection_class=StampingConnection)
             client.ping()
             handle = factory(client, key, params.b_lease)
         except Exception as exc:
@@ -301,6 +341,9 @@ def _b_child(
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
                     break
+                connection = client.connection
+                if connection is not None:
+                    connection.first_send = 0  # type: ignore[attr-defined]
                 t0 = now_ns()
                 acquired = handle.acquire(remaining)
                 t1 = now_ns()
@@ -308,11 +351,14 @@ def _b_child(
                     rec["acquire_timeouts"] += 1
                     break
                 rec["waits"].append(t1 - t0)
+                enq = getattr(connection, "first_send", 0) or t0
+                replied = getattr(connection, "first_reply", 0) or t1
                 try:
                     value = client.get(counter)  # the critical section: read,
                     client.set(counter, int(value or 0) + 1)  # increment, write back
                     rec["done"] += 1
                 finally:
+                    rec["holds"].append((enq, t1, now_ns(), replied))
                     try:
                         handle.release()
                     except Exception as exc:
@@ -404,7 +450,11 @@ def scenario_b(contender: Contender, params: Params, run: int) -> Result:
     if errors and status == "ok":
         status = "errors"
     wall = (max(finishes) - t0) / 1e9 if finishes and t0 else float("nan")
+    holds = [Hold(*h) for r in records for h in r.get("holds", [])]
+    fair_ms = FAIR_MS.get(contender.name, 0.0)
     return {
+        "fair_ms": fair_ms,
+        "fairness": head_waits(holds, int(fair_ms * 1e6)),
         "status": status,
         "errors": errors[:5],
         "expected": expected,
@@ -1170,7 +1220,7 @@ def table_b(results: dict[str, list[Result]], na: dict[str, str]) -> Table:
     header = ["lock", "lost updates (worst run)", "CS/s", "x python-redis-lock", "x redis-py"]
     header += ["wait p50 ms", "wait p99 ms", "p99 x python-redis-lock", "commands/CS", "status"]
     rows = []
-    for name in CONTENDERS:
+    for name in b_names():
         if name in na:
             rows.append([name, "N/A", "", "", "", "", "", "", "", na[name]])
             continue
@@ -1197,7 +1247,7 @@ def table_b_breakdown(results: dict[str, list[Result]]) -> Table:
     """Scenario B: Redis commands per critical section, by command (median run)."""
     header = ["lock", "commands per critical section, by command (median over runs)"]
     rows = []
-    for name in CONTENDERS:
+    for name in b_names():
         runs = [r for r in results.get(name, []) if r.get("breakdown")]
         if not runs:
             continue
@@ -1208,6 +1258,38 @@ def table_b_breakdown(results: dict[str, list[Result]]) -> Table:
             if value >= 0.005:
                 parts.append(f"{command} {value:.2f}")
         rows.append([name, ", ".join(parts)])
+    return header, rows
+
+
+def fairness_of(runs: list[Result], field: str) -> float:
+    """Median over runs of one figure of the head-of-line analysis (``fairness``)."""
+    return median_of([r.get("fairness") or {} for r in runs], field)
+
+
+def table_b_fair(results: dict[str, list[Result]], na: dict[str, str]) -> Table:
+    """Scenario B: head-of-line waits, and the eventual-fairness check (benchmarks.fairness)."""
+    header = ["lock", "fair_after ms (0: FIFO check)", "head wait p50 ms", "p99 ms", "max ms"]
+    header += ["max beyond fair_after ms", "waiters overtaken after their due release"]
+    header += ["most holds in between", "holds"]
+    rows = []
+    for name in b_names():
+        runs = [r for r in results.get(name, []) if r.get("fairness")]
+        if name in na or not runs:
+            continue
+        worst = [r["fairness"] for r in runs]
+        rows.append(
+            [
+                name,
+                fmt(median_of(runs, "fair_ms"), 0),
+                fmt(fairness_of(runs, "head_p50_ms"), 2),
+                fmt(fairness_of(runs, "head_p99_ms"), 2),
+                fmt(max(f["head_max_ms"] for f in worst), 2),
+                fmt(max(f["over_ms"] for f in worst), 2),
+                f"{sum(f['violations'] for f in worst)} of {sum(f['holds'] for f in worst)}",
+                str(max(f["jumped_max"] for f in worst)),
+                fmt(median_of(worst, "holds"), 0),
+            ]
+        )
     return header, rows
 
 
@@ -1551,6 +1633,23 @@ NOTES: dict[str, str] = {
 }
 
 
+FAIR_NOTE = (
+    "Head-of-line waits (`benchmarks/fairness.py`): every critical section records when its "
+    "client's first acquire request was written to the socket (the request that queues a "
+    "waiter; a wrapped redis-py connection stamps it), when acquire() returned and when "
+    "release() was called, on one CLOCK_MONOTONIC clock. Queue order = order of the first "
+    "requests; a waiter becomes head when every client queued before it has acquired; head "
+    "wait = its acquire - that moment. Check: once the head has waited fair_after (0 for "
+    "FIFO), the first release after that must hand the lock to it; a waiter that another "
+    "client's hold came in before is counted as overtaken (for a FIFO lock the count checks "
+    "the reconstruction itself; python-redis-lock and redis-py barge, so theirs is large). "
+    "Two clients whose first requests were in flight at once may have queued in either "
+    "order: one that may have queued first and got the lock first counts as ahead (the "
+    "reply to the first request is stamped too), so an overtaker surely queued later. "
+    "Sums and worst values are over all runs."
+)
+
+
 def e_limits(results: dict[str, dict[str, list[Result]]]) -> str:
     """The server and process limits scenario E ran under."""
     import resource  # noqa: PLC0415  (Unix only, like the rest)
@@ -1585,6 +1684,7 @@ def render_sections(
         out.append(markdown(build(results[scenario], na)))
         if scenario == "B":
             out += ["", markdown(table_b_breakdown(results[scenario]))]
+            out += ["", FAIR_NOTE, "", markdown(table_b_fair(results[scenario], na))]
         if scenario == "E":
             out += ["", markdown(table_e_breakdown(results[scenario]))]
     return out
@@ -1625,6 +1725,12 @@ def run_lock(
         if name not in CONTENDERS and "csl" in na:  # our variants of E follow csl
             na[name] = na["csl"]
     runnable = [c for c in CONTENDERS.values() if c.name not in na]
+    for name in FAIR_CONTENDERS:  # scenario B's fair_after variants follow csl
+        if "csl" in na:
+            na[name] = na["csl"]
+        elif name not in chosen and "csl" not in chosen:
+            na[name] = "not selected"
+    fair = [c for c in FAIR_CONTENDERS.values() if c.name not in na]
     results: dict[str, dict[str, list[Result]]] = {}
     for scenario in scenarios:
         if scenario == "E":
@@ -1645,7 +1751,8 @@ def run_lock(
                 continue
             # A fresh random order per run, CPU-heavy waiters last, so drift of a shared
             # machine does not always hit the same contender.
-            order = random.Random(5000 + run).sample(runnable, len(runnable))
+            pool = runnable + (fair if scenario == "B" else [])
+            order = random.Random(5000 + run).sample(pool, len(pool))
             order.sort(key=lambda c: c.heavy)
             for contender in order:
                 t0 = time.monotonic()

@@ -18,7 +18,15 @@ from typing import Any, Protocol
 
 import redis
 
-__all__ = ["CONTENDERS", "Contender", "CslLock", "LockHandle", "make_client"]
+__all__ = [
+    "CONTENDERS",
+    "FAIR_CONTENDERS",
+    "FAIR_MS",
+    "Contender",
+    "CslLock",
+    "LockHandle",
+    "make_client",
+]
 
 
 class LockHandle(Protocol):
@@ -52,10 +60,13 @@ class CslLock:
         *,
         scripting: bool,
         fallback_poll: float | None = None,
+        fair_after: float | None = None,
     ) -> None:
         from celery_singleton_lock import RedisLock  # noqa: PLC0415  (may not exist yet)
 
-        options = {} if fallback_poll is None else {"fallback_poll": fallback_poll}
+        options: dict[str, Any] = {} if fallback_poll is None else {"fallback_poll": fallback_poll}
+        if fair_after is not None:
+            options["fair_after"] = fair_after
         self._lock = RedisLock(client, key, timeout=lease, scripting=scripting, **options)
 
     def acquire(self, timeout: float) -> bool:
@@ -243,4 +254,26 @@ CONTENDERS: dict[str, Contender] = {
             heavy=True,
         ),
     )
+}
+
+
+#: ``fair_after`` in ms of scenario B's eventual-fairness variants of ours (issue 24).
+FAIR_MS: dict[str, float] = {f"csl fair_after={ms:g}ms": ms for ms in (1.0, 5.0, 20.0)}
+
+
+def _fair(ms: float) -> Factory:
+    return lambda c, k, lease: CslLock(c, k, lease, scripting=True, fair_after=ms / 1000)
+
+
+#: Ours with ``fair_after`` set: measured in scenario B only (the other scenarios have at
+#: most one waiter, where fair_after changes nothing).
+FAIR_CONTENDERS: dict[str, Contender] = {
+    name: Contender(
+        name,
+        _fair(ms),
+        "celery_singleton_lock",
+        "celery-singleton-lock",
+        f"RedisLock(client, name, timeout=lease, fair_after={ms / 1000:g})",
+    )
+    for name, ms in FAIR_MS.items()
 }

@@ -129,3 +129,35 @@ def _on_ready(**_: Any) -> None:
 
 
 signals.worker_ready.connect(_on_ready, weak=False, dispatch_uid="csl-hotkey.ready")
+
+
+# --- profiling (off by default) -------------------------------------------------------------
+#: A directory: when set, every process of the worker (main and pool) runs under cProfile
+#: and writes ``<role>-<pid>.prof`` there as it exits. For finding where CPU goes, never
+#: for a measurement (cProfile slows every call down).
+PROFILE_DIR = os.environ.get("CSL_HOTKEY_PROFILE") or None
+
+if PROFILE_DIR:
+    import cProfile
+
+    _profiler: cProfile.Profile | None = None
+
+    def _profile_start(**_: Any) -> None:
+        global _profiler  # noqa: PLW0603 - one profiler per process
+        # CPU time, not wall time: a process waiting on a socket costs nothing.
+        _profiler = cProfile.Profile(time.process_time)
+        _profiler.enable()
+
+    def _profile_dump(role: str) -> None:
+        if _profiler is not None:
+            _profiler.disable()
+            _profiler.dump_stats(os.path.join(PROFILE_DIR or ".", f"{role}-{os.getpid()}.prof"))
+
+    signals.worker_process_init.connect(_profile_start, weak=False)
+    signals.worker_process_shutdown.connect(
+        lambda **_: _profile_dump("pool"), weak=False, dispatch_uid="csl-hotkey.prof-pool"
+    )
+    signals.worker_init.connect(_profile_start, weak=False)
+    signals.worker_shutdown.connect(
+        lambda **_: _profile_dump("main"), weak=False, dispatch_uid="csl-hotkey.prof-main"
+    )

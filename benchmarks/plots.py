@@ -5,7 +5,9 @@ p99) per library. ``waiters.png``: scenario E, commands per hand-off and hand-of
 against the number of waiters (log x). Every value is a median over the run's repetitions,
 the same value its table shows. ``hotkey.png``: the hot-key benchmark (issue 23), the
 distinct-key and the hot-key calls done over time per conflict policy, from the run with
-the median completion of the distinct-key calls.
+the median completion of the distinct-key calls. ``fair_after.png``: scenario B with ours
+under FIFO and each ``fair_after`` setting, critical sections/s and wait p99, python-redis-lock
+as a horizontal reference line.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from typing import Any
 from benchmarks.bench_hotkey import LABELS as HOTKEY_LABELS
 from benchmarks.bench_hotkey import POLICIES, representative
 from benchmarks.bench_lock import CONTENDERS, E_WAITING, e_points, median_of, status_of
+from benchmarks.contenders import FAIR_MS
 
 Results = dict[str, dict[str, list[dict[str, Any]]]]
 
@@ -148,6 +151,53 @@ def plot_waiters(results: Results, path: Path, caption: str) -> Path | None:
         axis.set_xlabel("waiters blocked on the lock (log scale)")
         axis.grid(alpha=0.3)
         axis.legend(fontsize=7, ncol=2, loc="upper center", bbox_to_anchor=(0.5, -0.16))
+    fig.suptitle(caption, fontsize=8, y=0.995)
+    fig.tight_layout()
+    out = _save(fig, path)
+    plt.close(fig)
+    return out
+
+
+def plot_fair(results: Results, path: Path, caption: str) -> Path | None:
+    """Scenario B: ours under FIFO and each fair_after setting against python-redis-lock."""
+    b = results.get("B", {})
+    settings = [("csl", "FIFO\n(default)")] + [
+        (name, f"fair_after\n{ms:g} ms") for name, ms in FAIR_MS.items()
+    ]
+    settings = [(n, label) for n, label in settings if b.get(n)]
+    if not settings:
+        return None
+    plt = _pyplot()
+    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4.4))
+    xs = list(range(len(settings)))
+    prl = b.get("python-redis-lock", [])
+    for axis, field, title, unit in (
+        (left, "throughput", "B. 100 clients, one lock: critical sections/s (higher is better)",
+         "critical sections per second (median; bars: min–max)"),
+        (right, "wait_p99_ms", "B. wait p99 (lower is better)", "ms (median; bars: min–max)"),
+    ):  # fmt: skip
+        medians, lows, highs = zip(*(_spread(b[n], field) for n, _ in settings), strict=True)
+        err = [[m - lo for m, lo in zip(medians, lows, strict=True)],
+               [hi - m for m, hi in zip(medians, highs, strict=True)]]  # fmt: skip
+        axis.bar(xs, medians, color=COLOURS["csl"], yerr=err, capsize=3)
+        for x, value in zip(xs, medians, strict=True):
+            if not math.isnan(value):
+                axis.annotate(f"{value:,.0f}" if value >= 10 else f"{value:.1f}", (x, value),
+                              ha="center", va="bottom", fontsize=8, xytext=(0, 3),
+                              textcoords="offset points")  # fmt: skip
+        reference = median_of(prl, field)
+        if not math.isnan(reference):
+            axis.axhline(reference, color=COLOURS["python-redis-lock"], linestyle="--",
+                         label=f"python-redis-lock {reference:,.1f}")  # fmt: skip
+            axis.legend(fontsize=8, loc="lower right")
+        tops = [v for v in (*highs, reference) if not math.isnan(v)]
+        if tops:
+            axis.set_ylim(0, max(tops) * 1.15)
+        axis.set_title(title, fontsize=10)
+        axis.set_ylabel(unit)
+        axis.set_xticks(xs)
+        axis.set_xticklabels([label for _, label in settings], fontsize=8)
+        axis.grid(axis="y", alpha=0.3)
     fig.suptitle(caption, fontsize=8, y=0.995)
     fig.tight_layout()
     out = _save(fig, path)

@@ -1,8 +1,8 @@
 """The run pipeline: what happens when a delivered message of a locked task runs.
 
-Read :func:`locked_call` top to bottom; like Celery's own tracer it is a fixed sequence of
-phases, and each phase calls the hooks of the plan's scope, modes and conflict policy
-(:mod:`celery_singleton_lock.modes`)::
+Read :func:`locked_call` and :func:`before_body` top to bottom; like Celery's own tracer it is a
+fixed sequence of phases, and each phase calls the hooks of the plan's scope, modes and
+conflict policy (:mod:`celery_singleton_lock.modes`)::
 
     resolve -> deliver -> acquire -> [on conflict] -> admit -> start -> body -> finish
 
@@ -86,6 +86,21 @@ def locked_call(task: AnyTask, args: tuple[Any, ...], kwargs: dict[str, Any], ca
     run = resolve(task, args, kwargs, call)
     if run is None:
         return call(*args, **kwargs)
+    try:
+        rest = before_body(run)
+    except Ignore as exc:
+        ended = exc
+    else:
+        return rest()
+    # A delivery that ends without running (parked, skipped, a late copy...) goes back to
+    # Celery from this small frame: its tracer formats and pickles the traceback of every
+    # ``Ignore`` (each frame's code positions), so the frames below are left out of it.
+    raise ended.with_traceback(None)
+
+
+def before_body(run: Run) -> Callable[[], Any]:
+    """The phases before the body; returns the rest of the run: the body as the holder,
+    the body without the lock, or the outcome of a run that does not run it."""
     hooks = run.locking.plan.hooks
     try:
         for mode in hooks:
@@ -96,22 +111,22 @@ def locked_call(task: AnyTask, args: tuple[Any, ...], kwargs: dict[str, Any], ca
             if not reclaim_from_dead_delivery(run, holders):
                 outcome = on_conflict(run, holders)
                 if outcome is not ACQUIRED:
-                    return outcome
+                    return lambda: outcome
         for mode in hooks:
             if not mode.admit(run):
-                return None
+                return lambda: None
     except LockBackendError as exc:
         # The lock Redis failed at any step before the body: the outage rule, for every
         # mode (it gives back what the run holds).
         run.outage(exc)
-        return run.body()  # fail open: singleton_lock_fail_open runs it unlocked
-    observe.acquired(task, run.lock, run.task_id, run.options, run.started)
+        return run.body  # fail open: singleton_lock_fail_open runs it unlocked
+    observe.acquired(run.task, run.lock, run.task_id, run.options, run.started)
     keeps = [mode.start(run) for mode in hooks]
-    setattr(request, RUN_ATTR, run)
+    setattr(run.request, RUN_ATTR, run)
     if not all(keeps):
-        return run.body()  # freed at its start: current_lock() is None
+        return run.body  # freed at its start: current_lock() is None
     run.holding = True
-    return body(run)
+    return functools.partial(body, run)
 
 
 def on_conflict(run: Run, holders: list[Holder]) -> Any:
