@@ -39,6 +39,10 @@ REDIS_URL_SCHEMES = (
     "redis+cluster",
     "rediss+cluster",
 )
+#: Schemes whose ``scheme://user@host`` is read as a user without a password.
+_KNOWN_SCHEMES = frozenset(
+    (*REDIS_URL_SCHEMES, "valkey", "valkeys", "http", "https", "amqp", "amqps")
+)
 _MASK = "**"
 #: A URL scheme at the start of a text (``redis://``, ``rediss+cluster://`` ...).
 _SCHEME = re.compile(r"\s*[A-Za-z][A-Za-z0-9+.-]*://")
@@ -95,6 +99,10 @@ def _mask_one(part: str) -> str:
     at = part.rfind("@")
     if at >= start:
         colon = part.find(":", start, at)
+        if colon == -1 and scheme and url_scheme(part) not in _KNOWN_SCHEMES:
+            # ``name://x@host`` with a name that is no scheme: as likely a scheme-less
+            # ``user:secret@host`` whose secret starts with ``//``.
+            colon = part.find(":")
         if colon != -1:
             part = f"{part[: colon + 1]}{_MASK}{part[at:]}"
     return _QUERY_SECRET.sub(rf"\1{_MASK}", part)

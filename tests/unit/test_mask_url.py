@@ -33,6 +33,9 @@ SECRET = "hunter2"
         ("user:hunter2@host:6379/0", "user:**@host:6379/0"),
         (":hunter2@host:6379", ":**@host:6379"),
         ("user:hunter2@host", "user:**@host"),
+        # a scheme-less password that starts with // reads like a scheme: still masked
+        ("user://0000@host:6379/0", "user:**@host:6379/0"),
+        ("redis://0000@host:6379/0", "redis://0000@host:6379/0"),
         # no password: nothing to hide
         ("redis://user@host:6379/0", "redis://user@host:6379/0"),
         ("user@host:6379", "user@host:6379"),
