@@ -47,8 +47,10 @@ class ReplyDropper:
             threading.Thread(target=self._down, args=(server, client, mute), daemon=True).start()
 
     def _up(self, client: socket.socket, server: socket.socket, mute: threading.Event) -> None:
+        tail = b""  # the end of the last chunk: a marker may straddle two reads
         while data := _recv(client):
-            if self.marker is not None and self.marker in data:
+            seen, tail = tail + data, data[-64:]
+            if self.marker is not None and self.marker in seen:
                 self.marker = None
                 mute.set()
                 server.sendall(data)

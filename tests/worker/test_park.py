@@ -45,15 +45,15 @@ def test_parked_runs_take_turns_in_arrival_order_without_retries(
     """Five calls of a busy key park (state PARKED) and then run one at a time, in the order
     they came, without a single retry and without holding a pool process while parked."""
     worker = workers(concurrency=3, app=APP)
-    first = keep.parked_job.delay("p1", 0, 1.5)
+    first = keep.parked_job.delay("p1", 0, 4.0)
     assert wait_for(lambda: data.llen("runs:p1") == 1, timeout=20)
     later = []
     for value in range(1, 6):
-        later.append(keep.parked_job.delay("p1", value, 0.05))
-        time.sleep(0.05)
-    assert wait_for(lambda: all(r.state == "PARKED" for r in later), timeout=10), [
-        r.state for r in later
-    ]
+        # One at a time: two free pool processes could otherwise park two close calls in
+        # either order (arrival order is the order they reach the park queue).
+        call = keep.parked_job.delay("p1", value, 0.05)
+        later.append(call)
+        assert wait_for(lambda call=call: call.state == "PARKED", timeout=10), call.state
     assert later[2].info == {"key": keep.parked_job.lock_key("p1", 0), "position": 3}
     assert first.get(timeout=20) == 0
     assert [result.get(timeout=20) for result in later] == [1, 2, 3, 4, 5]
