@@ -1,26 +1,11 @@
 """The lock, unchanged, on Redis Cluster, as an ACL user, over TLS and through Sentinel.
 
-Minimal ACL for a user that only takes locks (Redis 7 syntax; ``csl`` is the default key
-prefix of the Celery layer, whose keys look like ``csl:shop.buy:{3f2a…}``; a bare
-``RedisLock`` name ``csl:x`` keeps its waiters' signal list at ``{csl:x}:signal``, hence the
-second key pattern)::
-
-    ACL SETUSER locker on >secret resetkeys ~csl:* ~{csl:* resetchannels -@all
-        +evalsha +script|load +time +get +set +setrange +pttl +pexpire +del +rpush +blpop
-        +lpop +zadd +zrem +zpopmin +zcard +getset +watch +unwatch +multi +exec +ping
-
-- scripting mode (the default) needs: ``evalsha script|load`` (a script is loaded on first
-  use, and again after a restart, failover or SCRIPT FLUSH; EVAL itself is never sent),
-  ``time get set setrange pttl pexpire del rpush zadd zrem zpopmin zcard`` (run inside the
-  scripts: Redis checks those against the user too), ``blpop`` (waiting) and ``zrem lpop
-  del get`` (a waiter that gives up leaves the queue);
-- plain mode (``scripting=False``) needs: ``time get set getset pttl pexpire del rpush
-  blpop lpop zadd zrem watch unwatch multi exec`` (and ``setrange`` when scripted clients
-  take the same locks: a plain waiter then flags their values);
-- ``ping``: redis-py's connection health check (``client_from_url`` clients check after
-  30 s idle);
-- optional: ``+client|setinfo`` keeps redis-py's connect-time library-name report out of
-  ``ACL LOG`` on Redis 7.2+ (a denial there is ignored by redis-py).
+The ACL user here may run only the commands the engine declares (``ACL_COMMANDS``: its
+scripting and plain commands, and ``ping``) on the key patterns ``~csl:*`` and ``~{csl:*``
+(``csl`` is the default key prefix of the Celery layer, whose keys look like
+``csl:shop.buy:{3f2a…}``; a bare ``RedisLock`` name ``csl:x`` keeps its companions under
+``{csl:x}:``). The full least-privilege ACL, modes included, is generated from the code
+into docs/deployment.md.
 
 ``test_acl_every_granted_command_is_needed`` shows each command above is required by its mode.
 """
