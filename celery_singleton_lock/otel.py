@@ -57,6 +57,7 @@ from celery_singleton_lock._observe import (
     lock_conflict,
     lock_debounced,
     lock_lost,
+    lock_parked,
     lock_reaped,
     lock_released,
     lock_renewed,
@@ -102,6 +103,7 @@ OUTCOMES = (
     "coalesced",
     "superseded",
     "debounced",
+    "parked",
     "reaped",
 )
 #: The outcome of a conflict, by the policy applied.
@@ -519,6 +521,7 @@ _RECEIVERS: Mapping[Signal, Callable[..., None]] = {
     lock_coalesced: _outcome_receiver("coalesced", scope="scope"),
     lock_superseded: _outcome_receiver("superseded", by="superseded_by", running="running"),
     lock_debounced: _outcome_receiver("debounced", generation="generation"),
+    lock_parked: _outcome_receiver("parked", position="queue_position", scope="scope"),
     lock_reaped: _on_reaped,
 }
 

@@ -106,6 +106,13 @@ def job(name: str, seconds: float) -> str:
     return "ran"
 
 
+@app.task(name="otel.parked", base=LockedTask, lock_keys=["name"], lock_on_conflict="park")
+def parked(name: str, seconds: float) -> str:
+    """Policy park: a duplicate waits in the key's park queue, outside the worker."""
+    time.sleep(seconds)
+    return "ran"
+
+
 @app.task(name="otel.paced", base=LockedTask, lock_keys=["name"], lock_rate_limit="1/m")
 def paced(name: str) -> str:
     """One start per key a minute: a second run within the minute is throttled (skip)."""

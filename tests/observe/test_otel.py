@@ -277,6 +277,40 @@ def test_a_skipped_duplicate_has_a_skipped_acquire_span_and_no_hold(
     assert one(spans, "lock.hold", first.id)["attributes"]["lock.released"] is True
 
 
+def test_a_parked_run_has_a_parked_acquire_span_then_its_run(
+    traced: ModuleType, spans_dir: Path, name: str
+) -> None:
+    """A run that finds its key held under ``park`` gets a ``lock.acquire`` span saying
+    ``parked``, with its place in the key's park queue, under its run span; when it is
+    handed the key, the same task id runs as a delivery of its own: ``acquired``, a hold."""
+    first = traced.parked.delay(name, 1.0)
+    wait_spans(spans_dir, lambda spans: bool(of_task(spans, "lock.acquire", first.id)))
+    later = traced.parked.delay(name, 0)
+    assert later.get(timeout=30) == "ran"
+    assert first.get(timeout=30) == "ran"
+    spans = wait_spans(spans_dir, lambda spans: bool(of_task(spans, "lock.hold", later.id)))
+    outcomes = sorted(
+        span["attributes"]["lock.outcome"] for span in of_task(spans, "lock.acquire", later.id)
+    )
+    assert outcomes == ["acquired", "parked"]
+    (parked,) = (
+        span
+        for span in of_task(spans, "lock.acquire", later.id)
+        if span["attributes"]["lock.outcome"] == "parked"
+    )
+    attributes = parked["attributes"]
+    assert attributes["lock.queue_position"] == 1
+    assert attributes["lock.key"] == traced.parked.lock_key(name, 0)
+    assert attributes["lock.scope"] == "run"
+    assert parked["status"] == "UNSET"
+    runs = of_task(spans, "run/otel.parked", later.id)
+    assert len(runs) == 2  # the delivery that parked, and the one handed the key
+    assert any(
+        (parked["trace_id"], parked["parent_id"]) == (run["trace_id"], run["span_id"])
+        for run in runs
+    )
+
+
 def test_a_throttled_run_has_a_throttled_acquire_span(
     traced: ModuleType, spans_dir: Path, name: str
 ) -> None:
