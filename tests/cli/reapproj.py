@@ -42,6 +42,11 @@ def started_key(prefix: str, tag: str) -> str:
     return f"{prefix}-started:{tag}"
 
 
+def go_key(prefix: str, tag: str) -> str:
+    """The key that, once set, ends a run of ``tag`` early."""
+    return f"{prefix}-go:{tag}"
+
+
 def _router(name: str, args: Any, kwargs: Any, options: Any, task: Any = None, **kw: Any) -> Any:
     """A router function: its queues cannot be listed by reading the configuration."""
     return None
@@ -65,8 +70,12 @@ def make_app(url: str, prefix: str, *, remote_control: bool = True, router: str 
     data = redis.Redis.from_url(url)
 
     def run_for(tag: str, seconds: float) -> str:
+        """Run ``seconds``, or until the test sets ``go_key`` (so a loaded machine's slow CLI
+        calls never outlast the run)."""
         data.rpush(started_key(prefix, tag), os.getpid())
-        time.sleep(seconds)
+        deadline = time.monotonic() + seconds
+        while time.monotonic() < deadline and not data.exists(go_key(prefix, tag)):
+            time.sleep(min(0.05, max(0.0, deadline - time.monotonic())))
         return "ran"
 
     @app.task(name="reap.long", base=LockedTask, lock_keys=["tag"], lock_timeout=30, shared=False)

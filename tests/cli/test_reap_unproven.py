@@ -88,8 +88,8 @@ def wait_for(predicate: Callable[[], Any], timeout: float) -> Any:
 def start_run(
     app: Celery, client: redis.Redis, prefix: str, task: str, seconds: float
 ) -> tuple[str, str, bytes]:
-    """Publish ``task`` (tag of its own, running ``seconds``), wait until its body started;
-    its lock key, task id and the lock value then."""
+    """Publish ``task`` (tag of its own, running ``seconds`` unless :func:`end_run` ends
+    it first), wait until its body started; its lock key, task id and the lock value then."""
     tag = uuid.uuid4().hex[:8]
     result = app.tasks[task].delay(tag, seconds)
     key = app.tasks[task].lock_key(tag, seconds)
@@ -97,6 +97,13 @@ def start_run(
     value = client.get(key)
     assert value is not None
     return key, str(result.id), value
+
+
+def end_runs(client: redis.Redis, prefix: str) -> None:
+    """End now every run this test started (:func:`start_run`; ``prefix`` is the test's)."""
+    for started in client.scan_iter(reapproj.started_key(prefix, "*")):
+        tag = started.decode().rsplit(":", 1)[-1]
+        client.set(reapproj.go_key(prefix, tag), 1)
 
 
 def same_hold(client: redis.Redis, key: str, value: bytes) -> bool:
@@ -116,7 +123,7 @@ def test_a_run_whose_worker_cannot_answer_is_not_freed(
         workers(pool="solo")
     else:
         workers(pool="prefork", CSL_REAP_REMOTE="0")
-    key, task_id, value = start_run(app, client, prefix, "reap.long", 6.0)
+    key, task_id, value = start_run(app, client, prefix, "reap.long", 60.0)
     done = reap("--watch", "0.5")
     assert done.returncode == 0, done.stderr
     assert f"unproven {key} task {task_id}: watched" in done.stdout, done.stdout
@@ -127,6 +134,7 @@ def test_a_run_whose_worker_cannot_answer_is_not_freed(
     dry = reap("--dry-run", "--watch", "0.5")
     assert f"unproven {key}" in dry.stdout
     assert "would free" not in dry.stdout
+    end_runs(client, prefix)
     assert wait_for(lambda: client.get(key) is None, 30), "the run did not release its lock"
 
 
