@@ -83,13 +83,21 @@ def _with_call_options(task: AnyTask, locking: TaskLocking, options: dict[str, A
     return locking.with_call_options(given)
 
 
+def _request_of(task: Any) -> Any:
+    """The task's current request, or None while another thread is still binding the task
+    (Celery marks a task bound before it gives it its request stack)."""
+    if getattr(task, "request_stack", None) is None:
+        return None
+    return task.request
+
+
 def _queue_lock(call: Publish, wait: float | None) -> AnyResult:
     """Take the call's lock, then publish; a held key meets the conflict policy."""
     task, settings = call.task, call.locking.settings
     explicit_id = call.publish_options.pop("task_id", None)
     call.task_id = task_id = explicit_id or uuid()
     key = call.key()
-    running: Run | None = getattr(task.request, RUN_ATTR, None)
+    running: Run | None = getattr(_request_of(task), RUN_ATTR, None)
     # self.retry() of the run in progress (same key, same task id) is the work itself: it is
     # published even when another message holds the key now. A run that still holds its
     # key hands its hold to the retried message.
