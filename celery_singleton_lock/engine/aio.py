@@ -36,7 +36,7 @@ import redis
 import redis.asyncio
 
 from celery_singleton_lock.engine.aio_protocol import DEFAULT_CALL_TIMEOUT, AsyncScriptedProtocol
-from celery_singleton_lock.engine.holds import Hold
+from celery_singleton_lock.engine.holds import Hold, HoldView
 from celery_singleton_lock.engine.keyspace import OWNERS, SIGNAL, SLOTS, companion_key
 from celery_singleton_lock.engine.protocol import Attempt, Grant
 from celery_singleton_lock.engine.renewal import RENEW_DIVISOR, Renewing
@@ -112,7 +112,7 @@ async def _renewing(ref: weakref.ref[AsyncRedisLock], hold: Hold, delay: float |
         del lock
 
 
-class AsyncRedisLock:
+class AsyncRedisLock(HoldView):
     """A lease-based distributed lock on one Redis key, for asyncio: ``RedisLock``'s API
     with ``await`` (``acquire``, ``release``, ``extend``, ``owned``, ``locked``,
     ``holder``, ``holders``) and ``async with``.
@@ -268,25 +268,6 @@ class AsyncRedisLock:
         if hold.reserved:
             hold.reserved = False
             self._reservation.release()
-
-    @property
-    def token(self) -> str | None:
-        """The owner token of the hold this call is about, else the fixed ``token``."""
-        hold = self._hold()
-        return hold.token if hold is not None else self._fixed_token
-
-    @property
-    def fencing_token(self) -> int | None:
-        """The fencing token of the hold this call is about (None when not held)."""
-        hold = self._hold()
-        return hold.fence if hold is not None else None
-
-    @property
-    def held_key(self) -> str:
-        """The key the hold this call is about holds: the lock key, or with slots the slot
-        taken (the lock key when not held)."""
-        hold = self._hold()
-        return hold.key if hold is not None else self.name
 
     @property
     def lease_lost(self) -> bool:

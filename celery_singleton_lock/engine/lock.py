@@ -34,7 +34,7 @@ from typing import Any, ClassVar, cast
 
 from redis.cluster import RedisCluster
 
-from celery_singleton_lock.engine.holds import Hold
+from celery_singleton_lock.engine.holds import Hold, HoldView
 from celery_singleton_lock.engine.keyspace import OWNERS, SIGNAL, SLOTS, SYNC, companion_key
 from celery_singleton_lock.engine.plain import PlainProtocol
 from celery_singleton_lock.engine.protocol import Grant, Protocol
@@ -94,7 +94,7 @@ def _reset_in_child() -> None:
 os.register_at_fork(after_in_child=_reset_in_child)
 
 
-class RedisLock(Renewing):
+class RedisLock(HoldView, Renewing):
     """A lease-based distributed lock on one Redis key.
 
     ``timeout`` is the lease in seconds. ``auto_renew`` keeps extending the lease while the
@@ -262,25 +262,6 @@ class RedisLock(Renewing):
         if hold.reserved:
             hold.reserved = False
             self._reservation.release()
-
-    @property
-    def token(self) -> str | None:
-        """The owner token of the hold this call is about, else the fixed ``token``."""
-        hold = self._hold()
-        return hold.token if hold is not None else self._fixed_token
-
-    @property
-    def fencing_token(self) -> int | None:
-        """The fencing token of the hold this call is about (None when not held)."""
-        hold = self._hold()
-        return hold.fence if hold is not None else None
-
-    @property
-    def held_key(self) -> str:
-        """The key the hold this call is about holds: the lock key, or with slots the slot
-        taken (the lock key when not held)."""
-        hold = self._hold()
-        return hold.key if hold is not None else self.name
 
     # -- public API ---------------------------------------------------------------------
 
