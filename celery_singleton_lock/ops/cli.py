@@ -59,6 +59,8 @@ from celery_singleton_lock.runtime import locking_for
 if TYPE_CHECKING:
     from celery import Celery
 
+    from celery_singleton_lock.runtime import TaskLocking
+
 __all__ = ["locks"]
 
 #: How many keys a confirmation prompt names before it only counts the rest.
@@ -414,6 +416,31 @@ def _json_param(text: str, kind: type, param: str, example: str) -> Any:
     return value
 
 
+def _locked_task(
+    app: Celery, task_name: str, *, hint: str | None = None
+) -> tuple[Any, TaskLocking]:
+    """The task named ``task_name`` (the app's modules imported) and its locking; a click
+    error naming what is wrong (unknown, badly configured, or not locked; ``hint``: the
+    parameter an unknown name is reported against)."""
+    app.loader.import_default_modules()
+    if task_name not in app.tasks:
+        unknown = _unknown_task(app, task_name)
+        if hint is not None:
+            unknown.param_hint = hint
+        raise unknown
+    task = app.tasks[task_name]
+    try:
+        locking = locking_for(task)
+    except ImproperlyConfigured as exc:
+        raise click.ClickException(_one_line(str(exc))) from exc
+    if locking is None:
+        raise click.ClickException(
+            f"task {task_name!r} is not locked: it is not a LockedTask and no "
+            "singleton_lock_tasks glob matches it"
+        )
+    return task, locking
+
+
 def _unknown_task(app: Celery, name: str) -> click.BadParameter:
     """The error for a task name the app does not know, naming the closest ones."""
     names = sorted(task for task in app.tasks if not task.startswith("celery."))
@@ -500,19 +527,7 @@ def key_for(ctx: click.Context, task_name: str, args_json: str, kwargs_json: str
     kwargs = _json_param(kwargs_json, dict, "KWARGS_JSON", '\'{"sku": "sku-1"}\'')
     app = _app(ctx)
     _settings(app)
-    app.loader.import_default_modules()
-    if task_name not in app.tasks:
-        raise _unknown_task(app, task_name)
-    task = app.tasks[task_name]
-    try:
-        locking = locking_for(task)
-    except ImproperlyConfigured as exc:
-        raise click.ClickException(_one_line(str(exc))) from exc
-    if locking is None:
-        raise click.ClickException(
-            f"task {task_name!r} is not locked: it is not a LockedTask and no "
-            "singleton_lock_tasks glob matches it"
-        )
+    task, locking = _locked_task(app, task_name)
     kwargs = _fitting_kwargs(task_name, task.run, args, kwargs, locking.options.keys)
     try:
         key = locking.key(args, kwargs)
@@ -566,21 +581,7 @@ def explain(
     kwargs = _json_param(kwargs_json, dict, "--kwargs", "'{\"user_id\": 7}'")
     app = _app(ctx)
     settings = _settings(app)
-    app.loader.import_default_modules()
-    if task_name not in app.tasks:
-        unknown = _unknown_task(app, task_name)
-        unknown.param_hint = "TASK"
-        raise unknown
-    task = app.tasks[task_name]
-    try:
-        locking = locking_for(task)
-    except ImproperlyConfigured as exc:
-        raise click.ClickException(_one_line(str(exc))) from exc
-    if locking is None:
-        raise click.ClickException(
-            f"task {task_name!r} is not locked: it is not a LockedTask and no "
-            "singleton_lock_tasks glob matches it"
-        )
+    task, locking = _locked_task(app, task_name, hint="TASK")
     try:
         kwargs = _fitting_kwargs(task_name, task.run, values, kwargs, locking.options.keys)
     except click.BadParameter as exc:
