@@ -136,9 +136,9 @@ class Preflight(bootsteps.Step):
 
 
 class ParkSweep(bootsteps.StartStopStep):
-    """Worker bootstep: in the main process of a worker whose app has tasks that park
-    (``lock_on_conflict="park"``), sweep the parked keys now and then, so no parked call is
-    lost (see :mod:`.runtime.sweep`)."""
+    """Worker bootstep: in the main process of a worker whose app has tasks that set calls
+    aside in the lock Redis (``lock_on_conflict`` park, coalesce or replace), sweep their
+    keys now and then, so no such call is lost (see :mod:`.runtime.sweep`)."""
 
     name = "celery_singleton_lock.park_sweep"
     requires = ("celery.worker.components:Timer",)

@@ -51,7 +51,10 @@ if [ -n "$soak_pid" ]; then
   echo "---- chaos soak, $soak_minutes min: exit $result (report: build/soak-ci.md, log: build/soak-ci.log) ----"
   sed -n '/^| soak |/,/^| lock Redis commands per task/p' build/soak-ci.md 2>/dev/null
   grep -E "^soak: (SAFETY|could not)" build/soak-ci.log
-  [ "$result" -eq 0 ] || status=1
+  if [ "$result" -ne 0 ]; then  # what a rerun needs: the seed, the targets missed, examples
+    .venv/bin/python -m benchmarks.soak.failures build/soak-ci.json 2>/dev/null | cut -c1-400
+    status=1
+  fi
 fi
 if [ "$#" -eq 0 ]; then
   echo "---- the tests that run alone ----"

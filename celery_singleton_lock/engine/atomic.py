@@ -16,6 +16,7 @@ from celery_singleton_lock.engine.keyspace import (
     BURST,
     DEBOUNCE,
     DONE,
+    HANDED,
     PARKDATA,
     PARKED,
     PENDING,
@@ -31,6 +32,7 @@ if TYPE_CHECKING:
     from celery_singleton_lock.engine.lock import RedisLock
 
 __all__ = [
+    "HANDED_KEEP_MS",
     "Burst",
     "Followed",
     "Handed",
@@ -38,6 +40,7 @@ __all__ = [
     "ParkedCall",
     "Pending",
     "Record",
+    "adopt",
     "debounce_join",
     "debounce_run",
     "follow",
@@ -194,37 +197,85 @@ def replace(
 
 
 class Handed(NamedTuple):
-    """A follow-up the lock was just handed to, to be published under ``task_id``."""
+    """A follow-up the lock was just handed to, to be published under ``task_id``.
+    ``adopted``: it was left behind beside a free lock (its holder never handed it over),
+    not handed by the run that ends."""
 
     task_id: str
     body: bytes
     content_type: str
     encoding: str
     options: str
+    adopted: bool = False
+
+
+#: How long a hand-over keeps the call it handed (ms), for a retry whose reply was lost.
+HANDED_KEEP_MS = 120_000
+
+
+def _hand_over(
+    client: LockClient, name: str, token: str, *, fence: int, lease_ms: int, record: Record | None
+) -> Handed | int:
+    keys = [
+        name,
+        companion_key(name, QUEUE),
+        companion_key(name, PENDING),
+        companion_key(name, HANDED),
+    ]
+    args: list[bytes | int | str] = [token, lease_ms, HANDED_KEEP_MS, fence]
+    if record is not None:
+        where, value, ttl_ms = record
+        keys.append(where)
+        args += [value, ttl_ms]
+    reply = call(name, _HAND_OVER, client, len(keys), *keys, *args)
+    code = int(reply[0])
+    if code == 0:
+        return -int(reply[1]) if len(reply) > 1 else 0
+    if code == 2:
+        return int(reply[1])
+    task_id, body, content_type, encoding, options = reply[1:6]
+    data = body if isinstance(body, bytes) else str(body).encode()
+    return Handed(
+        _text(task_id),
+        data,
+        _text(content_type),
+        _text(encoding),
+        _text(options),
+        adopted=code == 3,
+    )
 
 
 def hand_over(lock: RedisLock, lease_ms: int, record: Record | None = None) -> Handed | int:
     """At the end of the run that holds ``lock`` (under ``lock.token``), in one step: give
     the lock to the pending follow-up, leased for ``lease_ms`` under its queue token (a new
     fencing token), and return it; with no follow-up, release the lock as
-    :meth:`RedisLock.release` does (waiters served) and return its reply (1, 2 or 3). 0:
-    not owned (or ``lock.token`` is None), nothing done. ``record`` is written in the same
-    step. The lock is not detached: that is the caller's move."""
+    :meth:`RedisLock.release` does (waiters served) and return its reply (1, 2 or 3). 0 or
+    less: not owned (or ``lock.token`` is None), nothing to do. Safe to call again after an
+    error that may have lost the reply: the follow-up it handed is returned again. A
+    follow-up left behind beside a free lock is handed over too (``Handed.adopted``).
+    ``record`` is written in the same step. The lock is not detached: that is the caller's
+    move."""
     token = lock.token
     if token is None:
         return 0
-    keys = [lock.name, companion_key(lock.name, QUEUE), companion_key(lock.name, PENDING)]
-    args: list[bytes | int | str] = [token, lease_ms]
-    if record is not None:
-        where, value, ttl_ms = record
-        keys.append(where)
-        args += [value, ttl_ms]
-    reply = call(lock.name, _HAND_OVER, lock.client, len(keys), *keys, *args)
-    if int(reply[0]) != 1:
-        return int(reply[1]) if len(reply) > 1 else 0
-    task_id, body, content_type, encoding, options = reply[1:]
-    data = body if isinstance(body, bytes) else str(body).encode()
-    return Handed(_text(task_id), data, _text(content_type), _text(encoding), _text(options))
+    return _hand_over(
+        lock.client,
+        lock.name,
+        token,
+        fence=lock.fencing_token or 0,
+        lease_ms=lease_ms,
+        record=record,
+    )
+
+
+def adopt(client: LockClient, key: str, lease_ms: int) -> tuple[bool, Handed | None]:
+    """For the worker sweep: hand lock ``key``, when free, to a follow-up left behind (its
+    holder died without handing over, or its hand-over failed until its lease ran out).
+    Returns (whether a follow-up still waits for the key, the follow-up handed over)."""
+    found = _hand_over(client, key, "", fence=0, lease_ms=lease_ms, record=None)
+    if isinstance(found, Handed):
+        return False, found
+    return found < 0, None
 
 
 def superseded_by(client: LockClient, key: str, task_id: str) -> str | None:

@@ -16,6 +16,7 @@ __all__ = [
     "FENCE",
     "GRANT",
     "GRANTED",
+    "HANDED",
     "ORDER",
     "ORDER_DUE",
     "OWNERS",
@@ -61,6 +62,9 @@ SYNC = "sync"
 DONE = "done"
 #: The pending follow-up of a key (coalesce, replace): a hash.
 PENDING = "pending"
+#: The follow-up a hand-over just gave the key to (a hash: the call and the ending run's
+#: owner token), kept a short while so a hand-over whose reply was lost can be asked again.
+HANDED = "handed"
 #: ``superseded:<task id>``: that queued call was superseded by the task id stored there.
 SUPERSEDED = "superseded:"
 #: A key's open debounce burst: a hash (its task id, generation, first call, due time).
@@ -95,6 +99,7 @@ SUFFIXES = {
     "SYNC": SYNC,
     "DONE": DONE,
     "PENDING": PENDING,
+    "HANDED": HANDED,
     "SUPERSEDED": SUPERSEDED,
     "DEBOUNCE": DEBOUNCE,
     "BURST": BURST,

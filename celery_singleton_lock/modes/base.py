@@ -14,6 +14,7 @@ from the runtime.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, ClassVar, NamedTuple, Protocol
 
 if TYPE_CHECKING:
@@ -36,6 +37,7 @@ __all__ = [
     "Release",
     "Run",
     "Scope",
+    "Swept",
 ]
 
 
@@ -60,6 +62,14 @@ class HandedCall(NamedTuple):
     options: dict[str, Any]
 
 
+class Swept(NamedTuple):
+    """What a worker sweep of one key found: whether calls are still set aside there (else
+    the key leaves the sweep's list), and the calls just handed the key, to publish."""
+
+    active: bool
+    calls: Sequence[HandedCall]
+
+
 class Release(Protocol):
     """A hold that is being given up: at the end of a run, or for a run that was lost (its
     process died, or it was revoked) by the process that noticed."""
@@ -75,6 +85,11 @@ class Release(Protocol):
     @property
     def record(self) -> Record | None:
         """What the release writes in the same step (queue scope: who finished), or None."""
+
+    @property
+    def blocking(self) -> bool:
+        """Whether the release may hold up its thread while Redis errs: a run's own thread
+        may; the worker's main process, releasing for a lost run, serves the consumer."""
 
     def publish_past_lock(self, call: HandedCall) -> None:
         """Publish a call of this task that was just handed the key (a follow-up, a parked
@@ -285,6 +300,11 @@ class ConflictPolicy(Mode):
     #: Whether calls it sets aside live only in the lock Redis (so workers sweep for them,
     #: and ``locks check`` asks for a lock Redis that keeps its data).
     keeps_calls: ClassVar[bool] = False
+
+    def sweep(self, client: LockClient, key: str, options: LockOptions) -> Swept:
+        """A worker sweep of ``key`` (a policy that ``keeps_calls``): hand calls that would
+        otherwise be lost the key."""
+        return Swept(False, ())
 
     def for_attempt(self, retried: bool) -> ConflictPolicy:
         """The policy of an attempt that is the work itself (``retried``: a retry, or a run

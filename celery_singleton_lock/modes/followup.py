@@ -22,6 +22,8 @@ from __future__ import annotations
 
 import json
 import logging
+import threading
+import time
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from celery import states
@@ -31,12 +33,14 @@ from kombu.serialization import dumps, loads
 from celery_singleton_lock import _observe as observe
 from celery_singleton_lock.engine import atomic
 from celery_singleton_lock.exceptions import LockBackendError, TaskLocked
-from celery_singleton_lock.modes.base import ConflictPolicy, HandedCall
+from celery_singleton_lock.modes.base import ConflictPolicy, HandedCall, Swept
+from celery_singleton_lock.modes.parking import index_key
 from celery_singleton_lock.modes.policies import UNCOUNTED_RETRY, refuse_in_canvas, tell
 from celery_singleton_lock.options import Combination, no_scripts
 
 if TYPE_CHECKING:
     from celery_singleton_lock.engine import Holder, RedisLock
+    from celery_singleton_lock.engine.wire import LockClient
     from celery_singleton_lock.modes.base import AnyResult, Publish, Release, Run
     from celery_singleton_lock.options import LockOptions
 
@@ -51,6 +55,8 @@ KEPT_OPTIONS = ("queue", "routing_key", "exchange", "priority", "headers", "seri
 FOLLOW_TRIES = 8
 #: A pending follow-up is kept at least this long (seconds), or the queue lease if longer.
 MIN_KEEP = 86_400
+#: How long (seconds) the end of a run tries again to hand its key over while Redis errs.
+HAND_OVER_PATIENCE = 30.0
 
 
 def _pending(call: Publish, task_id: str) -> atomic.Pending:
@@ -75,6 +81,19 @@ def _pending(call: Publish, task_id: str) -> atomic.Pending:
     )
 
 
+def _lease_ms(ending: Release) -> int:
+    """The queue lease a follow-up is handed the key for (ms)."""
+    return max(1, int(ending.options.queue_timeout * 1000))
+
+
+def handed_call(handed: atomic.Handed) -> HandedCall:
+    """The call of a follow-up handed the key, decoded for publishing."""
+    args, kwargs = loads(
+        handed.body, handed.content_type, handed.encoding, accept={handed.content_type}
+    )
+    return HandedCall(handed.task_id, tuple(args), dict(kwargs), json.loads(handed.options))
+
+
 def stops_running_tasks(pool: type) -> bool:
     """Whether ``revoke(terminate=True)`` stops a running task on a worker of this pool
     class: prefork terminates the child, eventlet and gevent kill the green thread; solo
@@ -92,6 +111,7 @@ class Coalesce(ConflictPolicy):
     arguments, run once the holder ends."""
 
     name = reported = "coalesce"
+    keeps_calls = True  # the pending follow-up lives only in the lock Redis
     rules: ClassVar[tuple[Combination, ...]] = (
         Combination(
             lambda o, _: o.on_conflict in ("coalesce", "replace") and o.scope != "queue",
@@ -139,40 +159,89 @@ class Coalesce(ConflictPolicy):
     # -- the end of the holder's run hands the key to the follow-up ------------------------
 
     def release(self, ending: Release, state: str | None) -> bool:
-        """Hand the key to the pending follow-up, or release it, in one atomic step."""
+        """Hand the key to the pending follow-up, or release it, in one atomic step. An
+        error (Redis stalled or restarting) is tried again for ``HAND_OVER_PATIENCE``
+        seconds — in the run's own thread, or in a thread of its own in the worker's main
+        process (a lost run's release must not hold up the consumer) — rather than fall
+        back to a plain release, which would leave the follow-up behind. Past that the hold
+        is left to its lease, and the worker sweep hands the follow-up the free key."""
         if state == states.RETRY:
             return False  # a retried run keeps the key for its retry (or frees it)
-        lock = ending.lock
-        lease_ms = max(1, int(ending.options.queue_timeout * 1000))
         try:
-            outcome = atomic.hand_over(lock, lease_ms, ending.record)
+            outcome = atomic.hand_over(ending.lock, _lease_ms(ending), ending.record)
         except LockBackendError as exc:
-            log.error("could not hand %s over to its follow-up: %s", lock.name, exc)
-            return False
+            if not ending.blocking:
+                threading.Thread(
+                    target=self._hand_over_again,
+                    args=(ending, state, exc),
+                    name=f"csl-hand-over-{ending.task_id}",
+                    daemon=True,
+                ).start()
+                return True
+            self._hand_over_again(ending, state, exc)
+            return True
+        self._ended(ending, state, outcome)
+        return True
+
+    def _hand_over_again(self, ending: Release, state: str | None, error: Exception) -> None:
+        """Try the hand-over again until it answers or ``HAND_OVER_PATIENCE`` runs out (a
+        try whose reply was lost is recognised by the script: it gets its call back)."""
+        lock = ending.lock
+        deadline = time.monotonic() + HAND_OVER_PATIENCE
+        pause = 0.1
+        while time.monotonic() + pause <= deadline:
+            log.warning("could not hand %s over yet, trying again: %s", lock.name, error)
+            time.sleep(pause)
+            pause = min(pause * 2, 2.0)
+            try:
+                outcome = atomic.hand_over(lock, _lease_ms(ending), ending.record)
+            except LockBackendError as exc:
+                error = exc
+                continue
+            try:
+                self._ended(ending, state, outcome)
+            except Exception:  # publishing failed (the broker): logged, as on the first try
+                log.exception("could not publish the follow-up of %s", lock.name)
+            return
+        log.error(
+            "could not hand %s over to its follow-up: %s; the worker sweep hands a follow-up "
+            "the key once this hold's lease runs out",
+            lock.name,
+            error,
+        )
         lock.detach()
-        ending.released(state, held=outcome != 0)
+
+    def _ended(self, ending: Release, state: str | None, outcome: atomic.Handed | int) -> None:
+        """The hand-over answered: report the end of the hold and publish the follow-up."""
+        ending.lock.detach()
+        handed = isinstance(outcome, atomic.Handed) and not outcome.adopted
+        ending.released(state, held=handed or (isinstance(outcome, int) and outcome > 0))
         if isinstance(outcome, atomic.Handed):
             log.info(
                 "%s[%s]: lock %s handed to its follow-up %s",
                 ending.task.name,
                 ending.task_id,
-                lock.name,
+                ending.lock.name,
                 outcome.task_id,
             )
-            args, kwargs = loads(
-                outcome.body, outcome.content_type, outcome.encoding, accept={outcome.content_type}
-            )
-            handed = HandedCall(
-                outcome.task_id, tuple(args), dict(kwargs), json.loads(outcome.options)
-            )
-            ending.publish_past_lock(handed)
-        return True
+            ending.publish_past_lock(handed_call(outcome))
+
+    def sweep(self, client: LockClient, key: str, options: LockOptions) -> Swept:
+        """A follow-up left behind beside a free key gets the key (see :meth:`release`)."""
+        waiting, handed = atomic.adopt(client, key, max(1, int(options.queue_timeout * 1000)))
+        if handed is None:
+            return Swept(waiting, ())
+        log.warning(
+            "follow-up %s of %s was left behind; the sweep hands it the key", handed.task_id, key
+        )
+        return Swept(False, (handed_call(handed),))
 
     # -- a call while the key is held -------------------------------------------------------
 
     def publish_conflict(self, call: Publish, lock: RedisLock) -> AnyResult:
         key = lock.name
         refuse_in_canvas(call, key, None, f"its key is held ({self.name} would not publish it)")
+        index_key(call.client, call.prefix, key, call.task.name)  # the sweep's list
         for _ in range(FOLLOW_TRIES):
             found = self._follow(call, key)
             if found.outcome == "revoke":
@@ -238,6 +307,13 @@ class Replace(Coalesce):
             observe.superseded(run.task, run.key, run.task_id, by=by, running=False)
             log.info("%s[%s] not run: superseded by %s", run.task.name, run.task_id, by)
             raise Ignore
+
+    def conflict(self, run: Run, holder: Holder | None) -> Any:
+        """A run that finds its key taken may have been superseded after its delivery was
+        checked (the marker is written in the step that took the key): it ends without
+        running, as at delivery, rather than retry and overwrite its REVOKED state."""
+        self.deliver(run)
+        return super().conflict(run, holder)
 
     def _follow(self, call: Publish, key: str) -> atomic.Followed:
         lease_ms = max(1, int(call.options.queue_timeout * 1000))

@@ -30,7 +30,7 @@ from celery.exceptions import Ignore
 from celery_singleton_lock import _observe as observe
 from celery_singleton_lock.engine import atomic
 from celery_singleton_lock.exceptions import LockBackendError, TaskLocked, TaskThrottled
-from celery_singleton_lock.modes.base import ACQUIRED, ConflictPolicy, HandedCall
+from celery_singleton_lock.modes.base import ACQUIRED, ConflictPolicy, HandedCall, Swept
 from celery_singleton_lock.modes.parking import (
     HEADER_PARKED,
     HEADER_TURN,
@@ -78,6 +78,8 @@ log = logging.getLogger("celery_singleton_lock.task")
 #: releasing process died, or lost the reply, before publishing it; a copy that comes
 #: after the first started runs once).
 GRANT_RESTART = 15.0
+#: The most calls one sweep of a key publishes again.
+SWEEP_CALLS = 100
 #: How often a run that finds its key held and then free again tries to park or take it
 #: before it comes back through the broker.
 PARK_TRIES = 4
@@ -113,6 +115,20 @@ class Park(ConflictPolicy):
 
     def finished_keep(self, options: LockOptions) -> float | None:
         return options.queue_timeout  # a call published twice from the park queue runs once
+
+    def sweep(self, client: LockClient, key: str, options: LockOptions) -> Swept:
+        """A call handed the key but not started within ``GRANT_RESTART`` is handed out
+        again; a free key goes to the first parked call (see :mod:`.runtime.sweep`)."""
+        active, calls = atomic.park_sweep(
+            client,
+            key,
+            restart_ms=milliseconds(GRANT_RESTART),
+            grant_ms=milliseconds(options.queue_timeout),
+            most=SWEEP_CALLS,
+            slots=options.limit,
+            ordered=options.order == "enqueue",
+        )
+        return Swept(active, [decode_call(handed.task_id, handed.payload)[1] for handed in calls])
 
     # -- a run ---------------------------------------------------------------------------
 

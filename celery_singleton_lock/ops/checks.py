@@ -164,8 +164,9 @@ def _clock(client: LockClient) -> Check:
 
 
 def parking_tasks(app: Celery) -> list[str]:
-    """The tasks of ``app`` whose calls park in the lock Redis (``lock_on_conflict="park"``),
-    by name; a task whose options are invalid is left to the worker to refuse."""
+    """The tasks of ``app`` whose calls are set aside in the lock Redis (``lock_on_conflict``
+    park, coalesce or replace) by name; a task whose options are invalid is left to the
+    worker to refuse."""
     with contextlib.suppress(Exception):  # a task module that fails to import
         app.loader.import_default_modules()
     parking = []
@@ -180,38 +181,40 @@ def parking_tasks(app: Celery) -> list[str]:
 
 
 def _durability(client: LockClient, parking: list[str]) -> Check:
-    """A parked call lives only in the lock Redis: warn when a restart would lose it."""
+    """A call set aside (parked, or kept as a follow-up) lives only in the lock Redis: warn
+    when a restart would lose it."""
     if not parking:
         return Check(
             "durability",
             OK,
-            "no task parks (lock_on_conflict='park'): no call lives only in the lock Redis",
+            "no task sets calls aside (lock_on_conflict park, coalesce or replace): no call "
+            "lives only in the lock Redis",
         )
     named = ", ".join(parking[:3]) + (" ..." if len(parking) > 3 else "")
     replicas = int(client.info("replication").get("connected_slaves", 0) or 0)
     if int(client.info("persistence").get("aof_enabled", 0) or 0):
         return Check(
-            "durability", OK, f"append-only file on: calls parked by {named} outlive a restart"
+            "durability", OK, f"append-only file on: calls set aside by {named} outlive a restart"
         )
     if replicas:
         return Check(
             "durability",
             OK,
-            f"{replicas} replica(s): calls parked by {named} "
+            f"{replicas} replica(s): calls set aside by {named} "
             "outlive a failover (set lock_replicas to wait for them)",
         )
     save = ""
     with contextlib.suppress(redis.ResponseError):  # CONFIG may be refused to this user
         save = str(dict(cast("Any", client.config_get("save"))).get("save", ""))
     kept = (
-        f"snapshots only (save {save!r}): a restart loses the calls parked since the last one"
+        f"snapshots only (save {save!r}): a restart loses the calls set aside since the last one"
         if save
-        else "no persistence and no replica: a restart loses every parked call"
+        else "no persistence and no replica: a restart loses every call set aside"
     )
     return Check(
         "durability",
         WARN,
-        f"{named} park calls in the lock Redis, which has {kept}; "
+        f"{named} set calls aside in the lock Redis, which has {kept}; "
         "turn on appendonly, or add a replica",
     )
 

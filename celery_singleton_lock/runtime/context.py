@@ -98,6 +98,10 @@ class Run:
         return self.locking.settings
 
     @property
+    def blocking(self) -> bool:
+        return True  # the run's own thread may wait for Redis at its end
+
+    @property
     def client(self) -> LockClient:
         return self.lock.client
 

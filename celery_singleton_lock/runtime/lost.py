@@ -72,6 +72,10 @@ class LostRun:
     def record(self) -> Record | None:
         return None
 
+    @property
+    def blocking(self) -> bool:
+        return False  # the worker's main process: the consumer must go on
+
     def publish_past_lock(self, call: HandedCall) -> None:
         publish_past_lock(self.task, self.locking, self.lock.name, call)
 

@@ -1,12 +1,16 @@
-"""The park sweep: every worker of an app with parked tasks, now and then, makes sure no parked
-call is lost.
+"""The worker sweep: every worker of an app whose tasks set calls aside in the lock Redis
+(``ConflictPolicy.keeps_calls``: park, coalesce, replace), now and then, makes sure none of
+those calls is lost.
 
-A call handed its key but not started within ``GRANT_RESTART`` (its releasing process died
-before publishing it, or the message was lost) is published again — a second copy of a call
-that does start runs once, by the one-delivery rule — and a free key (its holder died
-without releasing, a success hold ran out) goes to the first parked call. The sweep goes
-through the keys named in the prefix's parking list (``modes.parking.parking_index``); a key
-with nothing parked or handed off any more leaves it.
+Each policy says what its sweep of a key does (``ConflictPolicy.sweep``). Park: a call
+handed its key but not started within ``GRANT_RESTART`` (its releasing process died before
+publishing it, or the message was lost) is published again — a second copy of a call that
+does start runs once, by the one-delivery rule — and a free key (its holder died without
+releasing, a success hold ran out) goes to the first parked call. Coalesce and replace: a
+follow-up left behind beside a free key (its holder died, or could not hand it over while
+Redis erred, until its lease ran out) is handed the key. The sweep goes through the keys
+named in the prefix's list (``modes.parking.parking_index``); a key with nothing set aside
+any more leaves it.
 """
 
 from __future__ import annotations
@@ -21,8 +25,7 @@ from celery_singleton_lock.config import settings_for
 from celery_singleton_lock.engine import atomic
 from celery_singleton_lock.engine.wire import call
 from celery_singleton_lock.exceptions import LockError
-from celery_singleton_lock.modes.park import GRANT_RESTART
-from celery_singleton_lock.modes.parking import INDEX_KEEP, decode_call, parking_index
+from celery_singleton_lock.modes.parking import INDEX_KEEP, parking_index
 from celery_singleton_lock.runtime.context import publish_past_lock
 from celery_singleton_lock.runtime.locking import locking_for
 
@@ -35,13 +38,8 @@ log = logging.getLogger("celery_singleton_lock.worker")
 
 #: Seconds between two sweeps of a worker (with up to a fifth more, so workers spread out).
 SWEEP_INTERVAL = 3.0
-#: The most keys one sweep looks at, and calls it publishes again per key.
+#: The most keys one sweep looks at.
 SWEEP_KEYS = 1000
-SWEEP_CALLS = 100
-
-
-def _ms(seconds: float) -> int:
-    return max(1, int(seconds * 1000))
 
 
 def _text(value: Any) -> str:
@@ -49,7 +47,7 @@ def _text(value: Any) -> str:
 
 
 def sweep(app: Celery) -> int:
-    """One sweep of ``app``'s parked keys; how many calls it published."""
+    """One sweep of ``app``'s keys with calls set aside; how many calls it published."""
     settings = settings_for(app)
     client = redis_for(app, settings.url)
     index = parking_index(settings.prefix)
@@ -63,24 +61,14 @@ def sweep(app: Celery) -> int:
         locking = locking_for(task)
         if locking is None:
             continue
-        options = locking.options
-        active, calls = atomic.park_sweep(
-            client,
-            key,
-            restart_ms=_ms(GRANT_RESTART),
-            grant_ms=_ms(options.queue_timeout),
-            most=SWEEP_CALLS,
-            slots=options.limit,
-            ordered=options.order == "enqueue",
-        )
-        for handed in calls:
-            _, handed_call = decode_call(handed.task_id, handed.payload)
+        swept = locking.plan.policy.sweep(client, key, locking.options)
+        for handed in swept.calls:
             log.warning(
-                "%s[%s]: handed %s by the park sweep; publishing it", task_name, handed.task_id, key
+                "%s[%s]: handed %s by the sweep; publishing it", task_name, handed.task_id, key
             )
-            publish_past_lock(task, locking, key, handed_call)
+            publish_past_lock(task, locking, key, handed)
             published += 1
-        if not active:  # unless named again lately (a call about to park there)
+        if not swept.active:  # unless named again lately (a call about to set one aside)
             atomic.index_drop(client, index, _text(member), before=seconds - INDEX_KEEP)
     return published
 

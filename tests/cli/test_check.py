@@ -171,7 +171,7 @@ def test_a_parking_task_on_a_server_without_persistence_is_warned_about(
     mark, detail = lines(warned)["durability"]
     assert mark == "WARN"
     assert "shop.reserve" in detail
-    assert "a restart loses every parked call" in detail
+    assert "a restart loses every call set aside" in detail
     assert "since the last one" in lines(snapshots)["durability"][1]
     assert lines(durable)["durability"][0] == "ok", durable.stdout
     assert lines(check(fresh_server.url))["durability"][0] == "ok"  # no task parks

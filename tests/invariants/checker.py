@@ -16,7 +16,8 @@ and lists every :class:`Violation`. The invariants, for every call the driver ma
 2. **It ran with the right arguments.** An id shared by several calls runs the latest of
    them under coalesce, replace and debounce, the call that published it otherwise
    (``wrong_arguments``); a result that no body of that id returned is ``unexpected_result``.
-3. **Never run after being superseded** (``ran_after_superseded``); under
+3. **Never run after being superseded** (``ran_after_superseded``; a run superseded while
+   it held its key to run may begin its body up to :data:`STOP_GRACE` s after); under
    ``lock_replace_running`` a superseded run that was running must be stopped
    (``superseded_not_stopped``: it completed more than :data:`STOP_GRACE` s after the call
    that replaced it). REVOKED without a ``lock_superseded`` naming a later call of the key
@@ -498,8 +499,13 @@ def _check_superseded(run: _Run, mode: Mode, rid: str, group: list[Call]) -> Non
                  "REVOKED with lock_superseded naming a later call of the key", got, window,
                  [rid])  # fmt: skip
         return
+    # A holder superseded while running (lock_replace_running) had taken its key for the
+    # body already: that body may begin a moment after (it is terminated, and the new call
+    # waits for its process to stop); a start later than STOP_GRACE is another delivery.
+    running = any(s.get("running") for s in signals if s.get("by") == by.own_id)
+    grace = STOP_GRACE if running else 0.0
     for body in run.bodies.get(rid, []):
-        if body.start > by.t_return:
+        if body.start > by.t_return + grace:
             run.flag("ran_after_superseded", [*group, by],
                      f"{rid} never runs after call {by.n} superseded it",
                      f"its body (n={body.n}) started {body.start - by.t_return:.2f} s after",

@@ -156,7 +156,7 @@ MODES: Mapping[str, Mode] = MappingProxyType(
             ),
             _mode(
                 "replace_running", "replace + lock_replace_running (prefork)",
-                "ran superseded refused",
+                "ran coalesced superseded refused",  # calls while the revoke lands: one follow-up
                 options={**_QUEUE, "lock_on_conflict": "replace", "lock_replace_running": True},
                 scope="queue", latest_wins=True, once_per_id=True, prefork_only=True,
             ),

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from tests.invariants.checker import check, saturated_seconds
+from tests.invariants.checker import STOP_GRACE, check, saturated_seconds
 from tests.invariants.modes import HOLD
 from tests.invariants.records import (
     BodyRun,
@@ -298,3 +298,22 @@ def test_a_throttled_retry_comes_back_at_the_next_free_start() -> None:
     assert r.kinds() == ["throttle_paced_wrong"]
     r.obs.execs[-1].start = 5.0  # 3.6 s late with an idle worker
     assert r.kinds() == ["throttle_paced_wrong"]
+
+
+def test_a_run_superseded_as_it_starts_may_begin_its_body_within_the_grace() -> None:
+    """Superseded while running (it held its key for the body): the body may begin a moment
+    after the replacing call returned and be terminated; beginning after STOP_GRACE is a
+    body that ran after being superseded."""
+    r = Records()
+    old = r.call("replace_running", 1.0)
+    new = r.call("replace_running", 2.0)
+    r.result(old.own_id, "REVOKED", error="TaskRevokedError")
+    r.obs.signals.append(SignalRecord("lock_superseded", "key", old.own_id, 2.0, 1,
+                                      {"by": new.own_id, "running": True}))  # fmt: skip
+    r.body(old.own_id, old.n, new.t_return + 0.01, new.t_return + 0.02, mode="replace_running",
+           how="terminated")  # fmt: skip
+    r.ran(new, 2.4, 3.0)
+    assert r.kinds() == []
+    r.obs.bodies[0].start = new.t_return + STOP_GRACE + 0.5
+    r.obs.bodies[0].end = new.t_return + STOP_GRACE + 0.6
+    assert r.kinds() == ["ran_after_superseded"]

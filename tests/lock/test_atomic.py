@@ -10,7 +10,13 @@ import redis
 
 from celery_singleton_lock import RedisLock
 from celery_singleton_lock.engine import atomic
-from celery_singleton_lock.engine.keyspace import DEBOUNCE, PENDING, STARTS, companion_key
+from celery_singleton_lock.engine.keyspace import (
+    DEBOUNCE,
+    HANDED,
+    PENDING,
+    STARTS,
+    companion_key,
+)
 from celery_singleton_lock.engine.value import parse_value
 
 
@@ -118,14 +124,14 @@ def test_hand_over_gives_the_lock_to_the_follow_up_or_releases_it(
 ) -> None:
     """The owner's run ends with a follow-up pending: the key goes to the follow-up's queue
     token (a new fencing token) and the call comes back, record written. Without a hold or
-    not owned: 0, nothing changed. Not detached."""
+    not owned: nothing changed (-1: a follow-up still waits for the holder). Not detached."""
     holder = _holder(client, key, "h", queued=False)
     assert atomic.follow(client, key, _pending("f", b"\x00binary")) == atomic.Followed(
         "follow", "f"
     )
     assert atomic.hand_over(RedisLock(client, key, timeout=5), 30_000) == 0  # no hold
     stranger = RedisLock(client, key, timeout=5, token="stranger")
-    assert atomic.hand_over(stranger, 30_000) == 0  # not the owner
+    assert atomic.hand_over(stranger, 30_000) == -1  # not the owner; a follow-up waits
     assert client.exists(companion_key(key, PENDING))
 
     fence = holder.fencing_token or 0
@@ -141,6 +147,64 @@ def test_hand_over_gives_the_lock_to_the_follow_up_or_releases_it(
     assert not client.exists(companion_key(key, PENDING))
     assert holder.token is not None  # not detached
     holder.detach()
+
+
+def test_a_hand_over_asked_again_returns_the_call_it_handed(client: redis.Redis, key: str) -> None:
+    """A hand-over whose reply was lost (a timeout while the server was stalled: the script
+    ran, the client never heard) is asked again by the ending run: it gets the same call
+    back, to publish, instead of "not owned" with the call gone. Someone else asking gets
+    nothing; the handed call expires after ``HANDED_KEEP_MS``."""
+    holder = _holder(client, key, "h", queued=False)
+    atomic.follow(client, key, _pending("f"))
+    first = atomic.hand_over(holder, 30_000)
+    assert isinstance(first, atomic.Handed)
+    assert not first.adopted
+    again = atomic.hand_over(holder, 30_000)
+    assert again == first
+    assert parse_value(client.get(key) or b"").token == "q-f"  # still the follow-up's
+    assert atomic.hand_over(RedisLock(client, key, timeout=5, token="other"), 30_000) == 0
+    ttl = client.pttl(companion_key(key, HANDED))
+    assert 0 < ttl <= atomic.HANDED_KEEP_MS
+    holder.detach()
+
+
+def test_a_follow_up_left_beside_a_free_lock_is_adopted(client: redis.Redis, key: str) -> None:
+    """The holder died (or could not hand over while Redis erred) and its lease ran out:
+    the sweep (or the late end of that run) hands the free key to the follow-up, with a
+    fencing token above the old one. While the key is held, or with nothing pending, or
+    beside a value that is not ours, nothing is done."""
+    assert atomic.adopt(client, key, 30_000) == (False, None)  # nothing pending
+    holder = _holder(client, key, "h", queued=False)
+    old_fence = holder.fencing_token or 0
+    atomic.follow(client, key, _pending("f"))
+    assert atomic.adopt(client, key, 30_000) == (True, None)  # the holder holds it
+    raw = client.get(key) or b""
+    client.set(key, b"1000:" + raw.split(b":", 1)[1], px=60_000)  # its lease ran out
+    waiting, handed = atomic.adopt(client, key, 30_000)
+    assert waiting is False
+    assert handed is not None
+    assert (handed.task_id, handed.adopted) == ("f", True)
+    adopted = parse_value(client.get(key) or b"")
+    assert adopted.token == "q-f"
+    assert (adopted.fence or 0) > old_fence
+    assert not client.exists(companion_key(key, PENDING))
+    holder.detach()
+
+    client.delete(key)
+    atomic.follow(client, key, _pending("g"))  # the lock is free: "take"; plant one instead
+    client.hset(companion_key(key, PENDING), mapping={"id": "g", "token": "q-g", "info": "{}",
+                "body": b"[[], {}]", "ctype": "application/json", "encoding": "utf-8",
+                "options": "{}"})  # fmt: skip
+    late = RedisLock(client, key, timeout=5, token="h-gone")  # its lease ran out, key gone
+    found = atomic.hand_over(late, 30_000)
+    assert isinstance(found, atomic.Handed)
+    assert (found.task_id, found.adopted) == ("g", True)
+
+    client.delete(key, companion_key(key, PENDING))
+    client.hset(companion_key(key, PENDING), mapping={"id": "x", "token": "q-x", "info": "{}"})
+    client.set(key, "garbage")  # not a value of ours, no TTL: the next call decides
+    assert atomic.adopt(client, key, 30_000) == (True, None)
+    assert client.get(key) == b"garbage"
 
 
 def test_hand_over_without_a_follow_up_releases_in_the_same_step(

@@ -85,3 +85,16 @@ def test_the_park_figures_of_the_modes_page_are_the_code_s() -> None:
     text = " ".join((DOCS / "modes.md").read_text().split())
     assert f"every {SWEEP_INTERVAL:g} s (`runtime.sweep.SWEEP_INTERVAL`" in text
     assert f"within {GRANT_RESTART:g} s (`modes.park.GRANT_RESTART`" in text
+
+
+def test_the_follow_up_figures_of_the_modes_page_are_the_code_s() -> None:
+    """docs/modes.md quotes how long a hand-over is tried again, how long the handed call is
+    kept, and the sweep's interval, from the code."""
+    from celery_singleton_lock.engine.atomic import HANDED_KEEP_MS  # noqa: PLC0415
+    from celery_singleton_lock.modes.followup import HAND_OVER_PATIENCE  # noqa: PLC0415
+    from celery_singleton_lock.runtime.sweep import SWEEP_INTERVAL  # noqa: PLC0415
+
+    text = " ".join((DOCS / "modes.md").read_text().split())
+    assert f"for up to {HAND_OVER_PATIENCE:g} s (`modes.followup.HAND_OVER_PATIENCE`" in text
+    assert f"for {HANDED_KEEP_MS // 60_000} minutes (`engine.atomic.HANDED_KEEP_MS`" in text
+    assert f"parked calls every {SWEEP_INTERVAL:g} s)" in text

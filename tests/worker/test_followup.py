@@ -16,6 +16,7 @@ import pytest
 import redis
 
 from celery_singleton_lock.signals import lock_coalesced, lock_superseded
+from celery_singleton_lock.testing import FaultProxy, RedisServer
 from tests.worker.conftest import wait_for
 
 pytestmark = pytest.mark.slow
@@ -92,6 +93,51 @@ def test_a_lost_holder_still_hands_over(proj: ModuleType, data: redis.Redis, wor
     os.kill(victim, signal.SIGKILL)
     assert follow_up.get(timeout=30) == 1
     assert _values(data, "lost") == [0, 1]
+
+
+def test_a_hand_over_stalled_past_its_timeout_still_publishes_the_follow_up(
+    proj: ModuleType, data: redis.Redis, workers: Any, worker_redis: RedisServer
+) -> None:
+    """The lock Redis stops answering as the holder's run ends: its hand-over times out,
+    and the script, held up on the wire, runs later with nobody to hear its reply (the
+    follow-up was handed the key and its call removed). The run tries again and gets the
+    call it handed: the follow-up is published and runs once, after the holder."""
+    with FaultProxy(worker_redis.port) as proxy:
+        url = proxy.url + "?socket_timeout=1&socket_connect_timeout=1"
+        worker = workers(concurrency=1, extra_env={"CSL_LOCK_URL": url})
+        first = proj.coalesced.delay("stalled", 1.0, 0)
+        assert wait_for(lambda: _values(data, "stalled") == [0], timeout=30)
+        follow_up = proj.coalesced.delay("stalled", 0.0, 5)  # past the proxy: not stalled
+        assert follow_up.id != first.id
+        proxy.stall()
+        try:  # the body ends (1 s); its hand-over times out (1 s)
+            assert wait_for(lambda: "could not hand" in worker.log(), timeout=20)
+            time.sleep(1.5)
+        finally:
+            proxy.resume()
+        assert first.get(timeout=30) == 0
+        assert follow_up.get(timeout=60) == 5
+        time.sleep(0.5)
+        assert _values(data, "stalled") == [0, 5]
+        assert data.get("over:stalled") is None
+
+
+def test_a_follow_up_left_behind_is_handed_the_key_by_the_sweep(
+    proj: ModuleType, data: redis.Redis, workers: Any
+) -> None:
+    """A holder whose message was lost before it ran (purged here) and whose hold then
+    vanished leaves its follow-up beside a free key with nobody to publish it: a worker's
+    sweep hands the follow-up the key and publishes it, and it runs."""
+    proj.app.control.purge()
+    proj.coalesced.delay("orphan", 0.0, 1)  # no worker yet: it holds the key, queued
+    follow_up = proj.coalesced.delay("orphan", 0.0, 2)
+    keys = [key for key in data.scan_iter("*coalesced*") if key.endswith("}")]
+    assert len(keys) == 1
+    assert proj.app.control.purge() == 1  # the holder's message is lost
+    data.delete(keys[0])  # and its hold ran out
+    workers(concurrency=1)
+    assert follow_up.get(timeout=30) == 2
+    assert _values(data, "orphan") == [2]
 
 
 def test_replace_supersedes_a_queued_call(

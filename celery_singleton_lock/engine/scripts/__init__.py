@@ -17,7 +17,8 @@ An unknown name or include fails the import. The includes:
 - ``base``: ``base(lock key)`` (:func:`..keyspace.base_key`) and ``base_of(key, suffix)``;
 - ``lease``: ``key_ttl(lease)``, the TTL of a leased key (:func:`..protocol.grace_ms`);
 - ``waiters``: ``leave(base, queue, token)``, a queued waiter that got the lock;
-- ``pending``: ``held(key, now)`` and ``pend``, the pending follow-up of coalesce / replace;
+- ``held``: ``held(key, now)``, whether a lock is held at server time now (and its value);
+- ``pending``: ``pend``, the pending follow-up of coalesce / replace (with ``held``);
 - ``write``: ``write(key, token, fence, info, now, lease)``, a lock written for a new owner.
 
 Lock value layout (``:`` separated, holder info last)::

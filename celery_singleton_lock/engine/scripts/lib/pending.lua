@@ -1,15 +1,7 @@
---@include value
+--@include held
 -- The pending follow-up of a key (coalesce, replace): a hash <base>${K_PENDING} with the
 -- follow-up's task id, owner token and holder info, and the call (body, ctype, encoding,
--- options).
--- held(lock key, now ms) -> whether it is held at server time now, and its value
-local function held(key, now)
-  local current = redis.call('GET', key)
-  if not current then return false, nil end
-  local held_until = parse(current)
-  if held_until == nil then return redis.call('PTTL', key) > 0, current end
-  return held_until > now, current
-end
+-- options). Its scripts ask whether the lock is held (lib/held.lua) too.
 -- pend(follow-up key, ARGV, first): make the call in ARGV[first .. first + 7] (task id,
 -- token, info, body, content type, encoding, options, keep ms) the follow-up, keeping the
 -- task id, token and info of one made earlier -> the follow-up's task id
