@@ -17,6 +17,7 @@ __all__ = [
     "GRANT",
     "GRANTED",
     "HANDED",
+    "HEAD",
     "ORDER",
     "ORDER_DUE",
     "OWNERS",
@@ -56,6 +57,8 @@ SLOTS = "slots"
 OWNERS = "owners"
 #: The highest fencing token issued across a lock's slots.
 FENCE = "fence"
+#: ``fair_after``: the first waiter in line and since when (server µs) it has been first.
+HEAD = "head"
 #: The marker written before ``WAIT`` for replicas.
 SYNC = "sync"
 #: The task ids of the key's runs that finished recently: a sorted set (score: server ms).
@@ -90,6 +93,7 @@ SEQ = "seq"
 SUFFIXES = {
     "SIGNAL": SIGNAL,
     "QUEUE": QUEUE,
+    "HEAD": HEAD,
     "WAITER": WAITER,
     "GRANT": GRANT,
     "SLOT": SLOT,
