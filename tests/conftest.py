@@ -8,8 +8,14 @@ from typing import Any
 
 import pytest
 import redis
+from hypothesis import settings
 
 from celery_singleton_lock.testing import RedisServer
+
+# Property tests share two CPUs with workers and redis-servers: a slow example is load, not
+# a failure (each example is still bounded by the test's timeout).
+settings.register_profile("loaded", deadline=None)
+settings.load_profile("loaded")
 
 
 @pytest.fixture(scope="session")

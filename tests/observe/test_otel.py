@@ -288,7 +288,13 @@ def test_a_parked_run_has_a_parked_acquire_span_then_its_run(
     later = traced.parked.delay(name, 0)
     assert later.get(timeout=30) == "ran"
     assert first.get(timeout=30) == "ran"
-    spans = wait_spans(spans_dir, lambda spans: bool(of_task(spans, "lock.hold", later.id)))
+    spans = wait_spans(  # a run's span is written after the hold's, which it contains
+        spans_dir,
+        lambda spans: (
+            bool(of_task(spans, "lock.hold", later.id))
+            and len(of_task(spans, "run/otel.parked", later.id)) >= 2
+        ),
+    )
     outcomes = sorted(
         span["attributes"]["lock.outcome"] for span in of_task(spans, "lock.acquire", later.id)
     )
