@@ -17,7 +17,6 @@ __all__ = [
     "GRANT",
     "GRANTED",
     "HANDED",
-    "HEAD",
     "ORDER",
     "ORDER_DUE",
     "OWNERS",
@@ -57,8 +56,6 @@ SLOTS = "slots"
 OWNERS = "owners"
 #: The highest fencing token issued across a lock's slots.
 FENCE = "fence"
-#: ``fair_after``: the first waiter in line and since when (server µs) it has been first.
-HEAD = "head"
 #: The marker written before ``WAIT`` for replicas.
 SYNC = "sync"
 #: The task ids of the key's runs that finished recently: a sorted set (score: server ms).
@@ -93,7 +90,6 @@ SEQ = "seq"
 SUFFIXES = {
     "SIGNAL": SIGNAL,
     "QUEUE": QUEUE,
-    "HEAD": HEAD,
     "WAITER": WAITER,
     "GRANT": GRANT,
     "SLOT": SLOT,

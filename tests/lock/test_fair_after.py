@@ -12,7 +12,7 @@ import pytest
 import redis
 
 from celery_singleton_lock import RedisLock
-from celery_singleton_lock.engine.keyspace import HEAD, QUEUE, companion_key
+from celery_singleton_lock.engine.keyspace import QUEUE, companion_key
 from celery_singleton_lock.engine.value import parse_value
 
 
@@ -30,10 +30,9 @@ def _queued(client: redis.Redis, key: str, fair_after: float | None) -> tuple[Re
     return holder, waiter, thread, got  # type: ignore[return-value]
 
 
-def _plant_waiter(client: redis.Redis, key: str, waited: float, *, first: bool = True) -> None:
+def _plant_waiter(client: redis.Redis, key: str, waited: float) -> None:
     """A waiter queued ``waited`` seconds ago that is between two tries (not blocked now),
-    as the queue, its waiter key and the flag in the lock value record it; ``first``: it has
-    been first in line all that time (the mark a hand-off or an earlier release left)."""
+    as the queue, its waiter key and the flag in the lock value record it."""
     value = client.get(key)
     assert value is not None
     client.setrange(key, value.index(b":") + 1, "1")  # "a waiter saw it held"
@@ -41,8 +40,6 @@ def _plant_waiter(client: redis.Redis, key: str, waited: float, *, first: bool =
     first_try = seconds * 1_000_000 + micros - int(waited * 1_000_000)
     client.zadd(companion_key(key, QUEUE), {"planted": first_try})
     client.set(companion_key(key, "waiter:planted"), '10000:{"task_id": "planted"}', px=5000)
-    if first:
-        client.set(companion_key(key, HEAD), f"planted:{first_try}", px=5000)
 
 
 @pytest.mark.parametrize(
@@ -68,36 +65,6 @@ def test_the_release_frees_or_hands_over_by_the_first_waiter_s_wait(
         value = parse_value(client.get(key))
         assert value is not None
         assert value.token == "planted"
-
-
-def test_the_clock_starts_when_a_waiter_becomes_first(client: redis.Redis, key: str) -> None:
-    """A waiter that queued long ago but was never seen first yet (others were ahead) gets
-    the full ``fair_after`` as first before the lock is handed to it: the release that first
-    sees it first frees the lock (a newcomer takes it) and starts its clock; once that
-    clock has run ``fair_after``, the next release hands it over; and a hand-off starts the
-    clock of the waiter behind."""
-    holder = RedisLock(client, key, timeout=10, fair_after=0.2)
-    assert holder.acquire(blocking=False)
-    _plant_waiter(client, key, 5.0, first=False)  # queued 5 s ago, first only now
-    holder.release()
-    newcomer = RedisLock(client, key, timeout=10, fair_after=0.2)
-    assert newcomer.acquire(blocking=False)  # barged: the waiter has been first for 0 s
-    mark = client.get(companion_key(key, HEAD))
-    assert mark is not None
-    assert mark.startswith(b"planted:")
-    time.sleep(0.3)
-    client.set(companion_key(key, "waiter:planted"), '10000:{"task_id": "planted"}', px=5000)
-    client.zadd(companion_key(key, QUEUE), {"behind": 1})  # queued behind it (score: early)
-    client.zadd(companion_key(key, QUEUE), {"planted": 0})
-    held = client.get(key) or b""
-    client.setrange(key, held.index(b":") + 1, "1")  # the woken waiter saw it held
-    newcomer.release()
-    value = parse_value(client.get(key))
-    assert value is not None
-    assert value.token == "planted"  # first for 0.3 s > 0.2 s: handed over
-    behind = client.get(companion_key(key, HEAD))
-    assert behind is not None
-    assert behind.startswith(b"behind:")
 
 
 @pytest.mark.parametrize("fair_after", [None, 5.0])

@@ -6,8 +6,7 @@
 -- ARGV[1] owner token, ARGV[2] the number of slots (1: a plain lock; more: the highest
 -- token issued across slots is kept in <base>${K_FENCE}), ARGV[3] the task id to record in
 -- KEYS[3], ARGV[4] how long it is kept (ms), ARGV[5] (optional) fair_after in ms: hand the
--- lock over only to a first waiter that has been first that long, else free it and wake
--- them
+-- lock over only to a first waiter that has waited that long, else free it and wake them
 -- returns 0 not owned (nothing done), 1 released, 2 released and waiters signalled,
 --         3 handed over to the first live waiter
 --@include release

@@ -7,10 +7,9 @@
 -- release(lock or slot key, waiters' queue key, owner token, slots, done key, task id,
 -- keep ms, fair ms) -> 0 not owned (nothing done), 1 released, 2 released and waiters
 -- signalled, 3 handed over to the first live waiter. With fair ms > 0 (eventual fairness,
--- fair_after) the lock is handed over only once the first waiter has been first in line
--- that long (since a hand-off made it first, or a release first saw it first: kept in
--- <base>${K_HEAD}); before that it is freed and the waiters woken, so a newcomer may take
--- it first. Owner-checked; with slots > 1 the highest token
+-- fair_after) the lock is handed over only once the first waiter has waited that long
+-- (since its first try); before that it is freed and the waiters woken, so a newcomer may
+-- take it first. Owner-checked; with slots > 1 the highest token
 -- issued across slots is kept in <base>${K_FENCE}, the slot index follows (lib/slots.lua),
 -- and any waiter is served whatever the flag (ACQUIRE_SLOTS flags no slot: that would
 -- mean writing all N). With a done key (optional), the task id is recorded as finished in
@@ -36,31 +35,12 @@ local function release(key, queue, token, slots, done_key, task_id, keep, fair)
     done()
     return 1
   end
-  local barge, mark = false, nil
-  local head_key = b .. '${K_HEAD}'
+  local barge = false
   if fair and fair > 0 then
-    local head = redis.call('ZRANGE', queue, 0, 0)[1]
-    if head then
-      -- how long the first waiter has been first: from <base>${K_HEAD}, '<token>:<µs>'
-      -- (written below when the line moves; a waiter first seen as first starts now)
+    local head = redis.call('ZRANGE', queue, 0, 0, 'WITHSCORES')
+    if head[1] then
       local _, now_us = clock()
-      local seen = redis.call('GET', head_key)
-      local who, since = nil, nil
-      if seen then who, since = string.match(seen, '^(.*):(%d+)$') end
-      if who == head then
-        barge = now_us - tonumber(since) < fair * 1000
-      else
-        barge, mark = true, head .. ':' .. string.format('%.0f', now_us)
-      end
-    end
-  end
-  local function first_since(now_us)
-    local head = redis.call('ZRANGE', queue, 0, 0)[1]
-    if head then
-      redis.call('SET', head_key, head .. ':' .. string.format('%.0f', now_us), 'PX',
-        ${GRANT_TTL_MS})
-    else
-      redis.call('DEL', head_key)
+      barge = now_us - tonumber(head[2]) < fair * 1000
     end
   end
   -- ZPOPMIN comes first: a write that never needs memory (see engine/scripts/__init__.py)
@@ -87,14 +67,12 @@ local function release(key, queue, token, slots, done_key, task_id, keep, fair)
       redis.call('RPUSH', grant, next_fence .. ':' .. expiry .. ':' .. key)
       redis.call('PEXPIRE', grant, ${GRANT_TTL_MS})
       if slot then index_held(b, slot, expiry, waiter, group, ttl, false) end
-      if fair and fair > 0 then first_since(now_us) end
       done()
       return 3
     end
   end
   redis.call('DEL', key)  -- first: a write that never needs memory
   if slot then index_free(b, slot) end
-  if mark then redis.call('SET', head_key, mark, 'PX', ${GRANT_TTL_MS}) end
   done()
   redis.call('RPUSH', b .. '${K_SIGNAL}', '1')
   redis.call('PEXPIRE', b .. '${K_SIGNAL}', ${SIGNAL_TTL_MS})
