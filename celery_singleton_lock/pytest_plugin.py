@@ -47,6 +47,7 @@ from celery import Celery
 
 from celery_singleton_lock.client import LockClient, client_from_url, redis_for
 from celery_singleton_lock.config import settings_for
+from celery_singleton_lock.modes.parking import parking_index
 from celery_singleton_lock.ops.admin import (
     LockRow,
     delete_locks,
@@ -145,10 +146,11 @@ class SingletonLocks:
     def reset(self) -> int:
         """Delete every key under the prefix: the locks, every key kept beside them (the
         companions ``<prefix>:<task>:{<digest>}:<suffix>``: waiters, slots, fencing
-        counters, throttle starts, follow-ups, debounce bursts, finished runs) and the
-        records of skipped runs (``<prefix>~skipped:<task id>``); returns how many keys
-        went. Found with SCAN, never KEYS; a prefix is the package's namespace, so use a
-        prefix of the tests' own (the ``singleton_lock_prefix`` fixture is one)."""
+        counters, throttle starts, follow-ups, debounce bursts, finished runs), the records
+        of skipped runs (``<prefix>~skipped:<task id>``) and the worker sweep's list
+        (``{<prefix>}~parking``); returns how many keys went. Found with SCAN, never KEYS;
+        a prefix is the package's namespace, so use a prefix of the tests' own (the
+        ``singleton_lock_prefix`` fixture is one)."""
         base = prefix_pattern(self.prefix).removesuffix(":*")
         deleted = 0
         for pattern in (f"{base}:*", f"{base}~*"):
@@ -157,7 +159,7 @@ class SingletonLocks:
                 for key in page:
                     pipe.delete(key)  # one key per DEL: keys of many cluster slots
                 deleted += sum(int(gone) for gone in pipe.execute())
-        return deleted
+        return deleted + int(self.client.delete(parking_index(self.prefix)))
 
 
 @pytest.fixture(scope="session")

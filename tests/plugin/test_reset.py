@@ -50,7 +50,7 @@ def tasks(app):
 
 def under_prefix(locks):
     found = set()
-    for pattern in (locks.prefix + ":*", locks.prefix + "~*"):
+    for pattern in (locks.prefix + ":*", locks.prefix + "~*", "{" + locks.prefix + "}~*"):
         for key in locks.client.scan_iter(match=pattern):
             found.add(key.decode() if isinstance(key, bytes) else key)
     return sorted(found)
@@ -79,6 +79,7 @@ def test_1_leaves_mode_state_behind(celery_app, celery_worker, singleton_locks):
     for suffix in (":starts", ":debounce", ":pending", ":done"):
         assert any(key.endswith(suffix) for key in keys), (suffix, keys)
     assert any("~skipped:" in key for key in keys), keys
+    assert any(key.endswith("}~parking") for key in keys), keys  # the sweep's list
     assert sorted(singleton_locks.held()) == sorted([skipper.lock_key(), coalesced.lock_key()])
 
 
