@@ -25,9 +25,9 @@ from __future__ import annotations
 
 import logging
 import os
+import secrets
 import threading
 import time
-import uuid
 import weakref
 from types import TracebackType
 from typing import Any, ClassVar, cast
@@ -184,6 +184,7 @@ class RedisLock(HoldView, Renewing):
         self.auto_renew = auto_renew
         self.scripting = scripting
         self.fallback_poll = float(fallback_poll)
+        self._cap: float | None = None
         self.claim = claim or ""
         self.limit = limit
         self.group = group or ""
@@ -307,7 +308,7 @@ class RedisLock(HoldView, Renewing):
         return True
 
     def _acquire(self, blocking: bool, deadline: float | None) -> Hold | None:
-        token = self._fixed_token or self.group + uuid.uuid4().hex
+        token = self._fixed_token or self.group + secrets.token_hex(16)
         me = threading.current_thread()
         cap = self._poll_cap()
         poll_ms = max(1, round(cap * 1000))
@@ -601,8 +602,10 @@ class RedisLock(HoldView, Renewing):
 
     def _poll_cap(self) -> float:
         """The longest single block (``rules.poll_cap``: the fallback poll, never near the
-        client's socket timeout)."""
-        return poll_cap(self.fallback_poll, socket_timeout(self.client))
+        client's socket timeout), worked out once per instance."""
+        if self._cap is None:
+            self._cap = poll_cap(self.fallback_poll, socket_timeout(self.client))
+        return self._cap
 
     def _inspect(self, key: str | None = None) -> tuple[int, LockValue | None, int | None]:
         """Server time, the parsed value of ``key`` (default: the lock key) and its PTTL (one
