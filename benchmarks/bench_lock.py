@@ -47,7 +47,7 @@ from benchmarks.contenders import (
     CslLock,
     make_client,
 )
-from benchmarks.fairness import Hold, head_waits
+from benchmarks.fairness import Hold, head_waits, percentile
 from celery_singleton_lock.testing import RedisServer, find_redis_server
 
 Result = dict[str, Any]
@@ -59,15 +59,8 @@ def now_ns() -> int:
     return time.clock_gettime_ns(time.CLOCK_MONOTONIC)
 
 
-def pct(values: Sequence[float], q: float) -> float:
-    """The ``q``-th percentile (0-100) with linear interpolation."""
-    data = sorted(values)
-    if not data:
-        return float("nan")
-    pos = (len(data) - 1) * q / 100
-    low = int(pos)
-    high = min(low + 1, len(data) - 1)
-    return data[low] + (data[high] - data[low]) * (pos - low)
+#: The ``q``-th percentile (0-100) with linear interpolation (one definition, in fairness).
+pct = percentile
 
 
 def server_time_us(client: redis.Redis) -> int:
