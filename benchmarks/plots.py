@@ -56,10 +56,14 @@ def _spread(runs: Sequence[dict[str, Any]], field: str) -> tuple[float, float, f
     return median_of(runs, field), min(values), max(values)
 
 
-def _save(fig: Any, path: Path) -> Path:
+def _save(fig: Any, path: Path, caption: str) -> Path:
+    """Caption ``fig``, lay it out, write it to ``path`` and close it."""
+    fig.suptitle(caption, fontsize=8, y=0.995)
+    fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     # No "Software" text chunk: the file changes only when the figures do.
     fig.savefig(path, dpi=110, bbox_inches="tight", metadata={"Software": None})
+    _pyplot().close(fig)
     return path
 
 
@@ -105,11 +109,7 @@ def plot_locks(results: Results, path: Path, caption: str) -> Path | None:
         axis.set_xticks(list(xs))
         axis.set_xticklabels(names, rotation=25, ha="right", fontsize=8)
         axis.grid(axis="y", alpha=0.3)
-    fig.suptitle(caption, fontsize=8, y=0.995)
-    fig.tight_layout()
-    out = _save(fig, path)
-    plt.close(fig)
-    return out
+    return _save(fig, path, caption)
 
 
 def plot_waiters(results: Results, path: Path, caption: str) -> Path | None:
@@ -151,11 +151,7 @@ def plot_waiters(results: Results, path: Path, caption: str) -> Path | None:
         axis.set_xlabel("waiters blocked on the lock (log scale)")
         axis.grid(alpha=0.3)
         axis.legend(fontsize=7, ncol=2, loc="upper center", bbox_to_anchor=(0.5, -0.16))
-    fig.suptitle(caption, fontsize=8, y=0.995)
-    fig.tight_layout()
-    out = _save(fig, path)
-    plt.close(fig)
-    return out
+    return _save(fig, path, caption)
 
 
 def plot_fair(results: Results, path: Path, caption: str) -> Path | None:
@@ -198,11 +194,7 @@ def plot_fair(results: Results, path: Path, caption: str) -> Path | None:
         axis.set_xticks(xs)
         axis.set_xticklabels([label for _, label in settings], fontsize=8)
         axis.grid(axis="y", alpha=0.3)
-    fig.suptitle(caption, fontsize=8, y=0.995)
-    fig.tight_layout()
-    out = _save(fig, path)
-    plt.close(fig)
-    return out
+    return _save(fig, path, caption)
 
 
 #: One colour per conflict policy of the hot-key plot.
@@ -243,8 +235,4 @@ def plot_hotkey(results: dict[str, list[dict[str, Any]]], path: Path, caption: s
     right.legend(fontsize=8, loc="upper left")
     for axis in (left, right):
         axis.grid(alpha=0.3)
-    fig.suptitle(caption, fontsize=8, y=0.995)
-    fig.tight_layout()
-    out = _save(fig, path)
-    plt.close(fig)
-    return out
+    return _save(fig, path, caption)
