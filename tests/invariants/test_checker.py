@@ -137,13 +137,19 @@ def test_superseded_calls_are_reported_and_never_run() -> None:
     assert r.kinds() == ["ran_after_superseded"]
 
 
-def test_a_replaced_running_run_must_stop() -> None:
+def _replaced_while_running() -> tuple[Records, Any, Any]:
+    """A replace_running call superseded while running by a later one (reported so)."""
     r = Records()
     old = r.call("replace_running", 1.0)
     new = r.call("replace_running", 2.0)
     r.result(old.own_id, "REVOKED", error="TaskRevokedError")
     r.obs.signals.append(SignalRecord("lock_superseded", "key", old.own_id, 2.0, 1,
                                       {"by": new.own_id, "running": True}))  # fmt: skip
+    return r, old, new
+
+
+def test_a_replaced_running_run_must_stop() -> None:
+    r, old, new = _replaced_while_running()
     r.body(old.own_id, old.n, 1.1, 2.3, mode="replace_running", how="terminated")
     r.ran(new, 2.4, 3.0)
     assert r.kinds() == []
@@ -304,12 +310,7 @@ def test_a_run_superseded_as_it_starts_may_begin_its_body_within_the_grace() -> 
     """Superseded while running (it held its key for the body): the body may begin a moment
     after the replacing call returned and be terminated; beginning after STOP_GRACE is a
     body that ran after being superseded."""
-    r = Records()
-    old = r.call("replace_running", 1.0)
-    new = r.call("replace_running", 2.0)
-    r.result(old.own_id, "REVOKED", error="TaskRevokedError")
-    r.obs.signals.append(SignalRecord("lock_superseded", "key", old.own_id, 2.0, 1,
-                                      {"by": new.own_id, "running": True}))  # fmt: skip
+    r, old, new = _replaced_while_running()
     r.body(old.own_id, old.n, new.t_return + 0.01, new.t_return + 0.02, mode="replace_running",
            how="terminated")  # fmt: skip
     r.ran(new, 2.4, 3.0)
