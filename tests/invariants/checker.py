@@ -21,7 +21,9 @@ and lists every :class:`Violation`. The invariants, for every call the driver ma
    ``lock_replace_running`` a superseded run that was running must be stopped
    (``superseded_not_stopped``: it completed more than :data:`STOP_GRACE` s after the call
    that replaced it). REVOKED without a ``lock_superseded`` naming a later call of the key
-   is ``superseded_unreported``.
+   is ``superseded_unreported``. *result_lost* (FAILURE ``ResultLost``) must follow a
+   completed body of the id whose process was killed after it ended
+   (``result_lost_unfounded``: the result was not lost, a copy gave up on it too soon).
 4. **Never more than N at once** (``lock_limit``, 1 by default): body intervals of one key
    (start to recorded end, to the kill of its process, to the SIGTERM that stopped it, or,
    when its lease was lost, to the last moment it saw the lease valid) never overlap beyond
@@ -103,14 +105,18 @@ KINDS: Mapping[str, str] = {
     "out_of_order": "under lock_order='enqueue' a call started before one made before it "
     "(neither with a countdown or ETA, no fault of the lock Redis between)",
     "ran_twice_unrecorded": "completed twice, the first time while the lock Redis was "
-    "unreachable (its end could not be recorded) with its worker killed before it "
-    "acknowledged the message: the broker delivered it again (at-least-once delivery)",
+    "unreachable or just as its process was killed (its end could not be recorded), with "
+    "its worker killed before it acknowledged the message: the broker delivered it again "
+    "(at-least-once delivery)",
     "lost_behind_transport": "parked behind a queue-scope call whose message the broker "
     "transport lost as a worker was killed: that call holds the key for lock_queue_timeout "
     "(celery locks reap frees it)",
 }
 #: Violation kinds that are not the lock's doing, counted apart.
 NOT_THE_LOCK = ("lost_in_transport", "ran_twice_unrecorded", "lost_behind_transport")
+#: A process killed within this long (seconds) after its body ended may not have recorded
+#: the run as finished: the worker writes that record a moment after the body returns.
+RECORD_WINDOW = 0.25
 #: Faults that kill a whole worker (its consumer too).
 WORKER_KILLS = ("worker_kill",)
 #: A successful run's hold may end this much early (seconds): the body records its end a
@@ -480,8 +486,23 @@ def _check_result(run: _Run, rid: str) -> None:
                 run.flag("wrong_arguments", group,
                          f"{rid} runs the arguments of call {expected.n}",
                          f"it ran call {ran_n}'s", window, [rid])  # fmt: skip
+    if outcome.state == "FAILURE" and outcome.error == "ResultLost":
+        _check_result_lost(run, rid, group, bodies, window)
     if outcome.state == "REVOKED":
         _check_superseded(run, mode, rid, group)
+
+
+def _check_result_lost(
+    run: _Run, rid: str, group: list[Call], bodies: list[BodyRun], window: tuple[float, float]
+) -> None:
+    """``ResultLost`` claims the body ran once and its process died before storing the
+    result: a body of the id completed, and its process was killed after it ended."""
+    ends = [(b.pid, b.end) for b in bodies if b.completed and b.end is not None]
+    if not any(k.pid == pid and k.t >= end for pid, end in ends for k in run.obs.kills):
+        got = ", ".join(f"n={b.n} {b.how or 'running'} pid {b.pid}" for b in bodies)
+        run.flag("result_lost_unfounded", group,
+                 "ResultLost only after a completed body whose process was then killed",
+                 f"bodies: {got or 'none'}", window, [rid])  # fmt: skip
 
 
 def _check_superseded(run: _Run, mode: Mode, rid: str, group: list[Call]) -> None:
@@ -582,11 +603,16 @@ def _check_once(run: _Run) -> None:
             calls = run.by_result.get(task_id) or (
                 [run.by_own[task_id]] if task_id in run.by_own else []
             )
-            first = bodies[0]
-            unrecorded = (
-                first.end is not None
-                and any(f.t0 <= first.end <= f.t1 for f in stalls)
-                and any(k.pid == first.pid and k.t >= first.end for k in run.obs.kills)
+            first, end = bodies[0], bodies[0].end
+            unrecorded = end is not None and (
+                (
+                    any(f.t0 <= end <= f.t1 for f in stalls)
+                    and any(k.pid == first.pid and k.t >= end for k in run.obs.kills)
+                )
+                or any(
+                    k.pid == first.pid and end - KILL_LANDS <= k.t <= end + RECORD_WINDOW
+                    for k in run.obs.kills
+                )
             )
             kind = "ran_twice_unrecorded" if unrecorded else "ran_twice"
             run.flag(kind, calls, f"the body of {task_id} completes once",

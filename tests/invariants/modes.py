@@ -108,7 +108,10 @@ class Mode:
 
 def _mode(name: str, summary: str, terminals: str, **kwargs: Any) -> Mode:
     options = kwargs.pop("options", {})
-    if kwargs.get("once_per_id"):  # a late copy never runs again: its result may be lost
+    # A late copy of a call recorded as finished never runs again (queue scope, order, a
+    # parked call handed its key): when that run's worker died before storing its result,
+    # the copy stores ResultLost.
+    if kwargs.get("once_per_id") or options.get("lock_on_conflict") == "park":
         terminals += " result_lost"
     return Mode(name, summary, MappingProxyType(options), frozenset(terminals.split()), **kwargs)
 

@@ -13,6 +13,7 @@ from tests.invariants.records import (
     Call,
     Exec,
     FaultRecord,
+    Kill,
     Observation,
     Outcome,
     Publish,
@@ -197,6 +198,10 @@ def test_a_queue_scope_id_completes_once() -> None:
     r.ran(call, 1.0, 1.5)
     r.body(call.own_id, call.n, 1.6, 2.0, mode="queue_skip")
     assert r.kinds() == ["ran_twice"]
+    r.obs.kills.append(Kill(pid=10, t=1.0 + 0.9, kind="worker_kill"))  # long after its end
+    assert r.kinds() == ["ran_twice"]
+    r.obs.kills.append(Kill(pid=10, t=1.5 - 0.1, kind="worker_kill"))  # it ended as it died
+    assert r.kinds() == ["ran_twice_unrecorded"]
     r = Records()
     call = r.call("run_skip", 1.0)
     r.ran(call, 1.0, 1.5)
@@ -318,3 +323,22 @@ def test_a_run_superseded_as_it_starts_may_begin_its_body_within_the_grace() -> 
     r.obs.bodies[0].start = new.t_return + STOP_GRACE + 0.5
     r.obs.bodies[0].end = new.t_return + STOP_GRACE + 0.6
     assert r.kinds() == ["ran_after_superseded"]
+
+
+def test_a_lost_result_needs_a_completed_body_whose_process_was_killed() -> None:
+    r = Records()
+    call = r.call("park_limit2_rate", 1.0)
+    r.body(call.own_id, call.n, 1.0, 1.5, mode="park_limit2_rate", pid=21)
+    r.result(call.own_id, "FAILURE", error="ResultLost")
+    assert check(r.obs).terminals == {0: "result_lost"}
+    assert r.kinds() == ["result_lost_unfounded"]  # nothing died: a copy gave up too soon
+    r.obs.kills.append(Kill(pid=21, t=1.4, kind="worker_kill"))
+    assert r.kinds() == ["result_lost_unfounded"]  # killed before the body ended
+    r.obs.kills.append(Kill(pid=21, t=1.6, kind="worker_kill"))
+    assert r.kinds() == []
+    r = Records()
+    call = r.call("run_skip", 1.0)  # run scope runs a late copy again: never ResultLost
+    r.ran(call, 1.0, 1.5)
+    r.result(call.own_id, "FAILURE", error="ResultLost")
+    r.obs.kills.append(Kill(pid=10, t=1.6, kind="worker_kill"))
+    assert r.kinds() == ["not_allowed"]

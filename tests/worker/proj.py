@@ -393,9 +393,11 @@ def _follow_section(name: str, seconds: float, value: int) -> int:
     lock = current_lock()
     if r.incr(f"inside:{name}") > 1:
         r.incr(f"over:{name}")
-    r.rpush(f"values:{name}", value)
-    r.rpush(f"fences:{name}", lock.fencing_token if lock is not None else -1)
-    r.rpush(f"pids:{name}", os.getpid())
+    with r.pipeline(transaction=True) as record:  # one step: a revoke lands before or after
+        record.rpush(f"values:{name}", value)
+        record.rpush(f"fences:{name}", lock.fencing_token if lock is not None else -1)
+        record.rpush(f"pids:{name}", os.getpid())
+        record.execute()
     time.sleep(seconds)
     r.decr(f"inside:{name}")
     return value
