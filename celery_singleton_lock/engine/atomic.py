@@ -438,10 +438,12 @@ def park_sweep(
     return int(reply[0]) == 1, calls
 
 
-def park_started(client: LockClient, key: str, task_id: str) -> bool:
-    """The call ``task_id``, handed the key from the park queue, started: the sweep lets it
-    be. Whether it was a handed-off call."""
-    return int(call(key, _PARK_STARTED, client, 1, key, task_id)) == 1
+def park_started(client: LockClient, key: str, task_id: str) -> int:
+    """The call ``task_id``, handed the key from the park queue, starts: the sweep lets it
+    be. 1 when it was a handed-off call, 0 when not, -1 when a run of that task id finished
+    already under the key (a late copy: it must not run)."""
+    keys = (key, companion_key(key, DONE))
+    return int(call(key, _PARK_STARTED, client, 2, *keys, task_id))
 
 
 #: Turns of one priority are this far apart from the next priority's (2**36 calls).

@@ -139,20 +139,25 @@ class Park(ConflictPolicy):
 
     def admit(self, run: Run) -> bool:
         """A call handed the key from the park queue starts: the sweep lets it be. A copy
-        of a handed call that finished already (published twice by the sweep) does not
-        run again."""
+        of a handed call that finished already (published twice by the sweep, or another
+        copy of its message took the grant and ran first) does not run again."""
         if not run.header(HEADER_PARKED):
             return True
-        if atomic.park_started(run.client, run.key, run.task_id):
-            observe.unparked(run.task, run.key, run.task_id, scope=run.options.scope)
-        elif finished(run.lock, run.task_id):
+        started = atomic.park_started(run.client, run.key, run.task_id)
+        if started < 0:
             run.give_back()
             drop_late_copy(run, "a copy of a parked call that finished")
+        if started:
+            observe.unparked(run.task, run.key, run.task_id, scope=run.options.scope)
         return True
 
     def conflict(self, run: Run, holder: Holder | None) -> Any:
         if run.eager:
             raise TaskLocked(run.key, holder.task_id if holder else None)
+        if run.header(HEADER_PARKED) and finished(run.lock, run.task_id):
+            # Another copy of this message (the same task id) took the grant and ran before
+            # the handed copy came: parking it again would run the call twice.
+            drop_late_copy(run, "a copy of a parked call that finished")
         turn = turn_of(run)
         for _ in range(PARK_TRIES):
             if self.park_run(run, turn):

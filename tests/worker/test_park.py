@@ -11,9 +11,11 @@ import signal
 import time
 from collections.abc import Callable
 from types import ModuleType
+from typing import Any
 
 import pytest
 import redis
+from celery import signals
 
 from celery_singleton_lock.signals import lock_parked
 from celery_singleton_lock.testing import CeleryWorker, RedisServer
@@ -260,3 +262,46 @@ def test_parked_and_unparked_events_follow_the_worker_s_task_events(
     assert got is events
     if events:
         assert capture.events[0]["uuid"] == later.id
+
+
+def test_a_handed_call_whose_copy_ran_first_does_not_run_again(
+    keep: ModuleType, data: redis.Redis, workers: Callable[..., CeleryWorker]
+) -> None:
+    """A call published twice (the same task id, as a redelivery does) parks; when the key
+    is handed to it, its second copy is delivered first, takes the grant and runs. The
+    handed copy, delivered after that while another run holds the key, ends without
+    parking again: the call runs once."""
+    name = "o6"
+    workers(concurrency=2, app=APP, queues=("csl-late",))
+    keep.ordered_job.apply_async((name, 0, 1.5), queue="csl-late")
+    assert wait_for(lambda: data.llen(f"runs:{name}") == 1, timeout=20)
+    captured: list[tuple[Any, ...]] = []
+
+    def grab(body: Any = None, routing_key: Any = None, headers: Any = None, **more: Any) -> None:
+        captured.append((body, dict(headers or {}), dict(more.get("properties") or {})))
+
+    parker = workers(concurrency=1, app=APP)
+    signals.before_task_publish.connect(grab, weak=False)
+    try:
+        call = keep.ordered_job.delay(name, 1, 0.1)
+    finally:
+        signals.before_task_publish.disconnect(grab)
+    assert wait_for(lambda: call.state == "PARKED", timeout=10), call.state
+    parker.stop()  # the handed copy will wait in the default queue
+    assert wait_for(lambda: data.llen(f"runs:{name}") == 1 and data.get(f"inside:{name}") == "0",
+                    timeout=20)  # fmt: skip
+    holder = keep.ordered_job.apply_async((name, 2, 3.0), queue="csl-late")
+    assert wait_for(lambda: holder.state == "PARKED", timeout=10), holder.state
+    with keep.app.producer_or_acquire() as producer:
+        for body, headers, properties in captured:
+            kept = {k: v for k, v in properties.items() if k in ("correlation_id", "reply_to")}
+            producer.publish(body, routing_key="csl-copy", headers=headers, serializer="json",
+                             **kept)  # fmt: skip
+    workers(concurrency=1, app=APP, queues=("csl-copy",))
+    assert call.get(timeout=20) == 1
+    assert wait_for(lambda: _order(data, name) == [0, 1, 2], timeout=20), _order(data, name)
+    workers(concurrency=1, app=APP)  # the handed copy is delivered while the key is held
+    assert holder.get(timeout=20) == 2
+    time.sleep(2.0)
+    assert _order(data, name) == [0, 1, 2]
+    assert call.get(timeout=5) == 1
