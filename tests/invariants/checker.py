@@ -498,7 +498,10 @@ def _check_result_lost(
     """``ResultLost`` claims the body ran once and its process died before storing the
     result: a body of the id completed, and its process was killed after it ended."""
     ends = [(b.pid, b.end) for b in bodies if b.completed and b.end is not None]
-    if not any(k.pid == pid and k.t >= end for pid, end in ends for k in run.obs.kills):
+    # A kill is recorded just before its signal: the body may record its end meanwhile.
+    if not any(
+        k.pid == pid and k.t >= end - KILL_LANDS for pid, end in ends for k in run.obs.kills
+    ):
         got = ", ".join(f"n={b.n} {b.how or 'running'} pid {b.pid}" for b in bodies)
         run.flag("result_lost_unfounded", group,
                  "ResultLost only after a completed body whose process was then killed",

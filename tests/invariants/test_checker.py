@@ -332,7 +332,7 @@ def test_a_lost_result_needs_a_completed_body_whose_process_was_killed() -> None
     r.result(call.own_id, "FAILURE", error="ResultLost")
     assert check(r.obs).terminals == {0: "result_lost"}
     assert r.kinds() == ["result_lost_unfounded"]  # nothing died: a copy gave up too soon
-    r.obs.kills.append(Kill(pid=21, t=1.4, kind="worker_kill"))
+    r.obs.kills.append(Kill(pid=21, t=0.9, kind="worker_kill"))
     assert r.kinds() == ["result_lost_unfounded"]  # killed before the body ended
     r.obs.kills.append(Kill(pid=21, t=1.6, kind="worker_kill"))
     assert r.kinds() == []
