@@ -15,7 +15,7 @@ from celery_singleton_lock.engine import atomic
 from celery_singleton_lock.engine.keyspace import DONE, ORDER, PARKED, companion_key
 from celery_singleton_lock.engine.value import parse_value
 from celery_singleton_lock.modes.park import priority_rank
-from celery_singleton_lock.modes.scope import queue_token
+from celery_singleton_lock.modes.scope import queue_token, task_group
 
 KEEP = 60_000
 
@@ -162,3 +162,31 @@ def test_priority_rank_reads_priority_as_the_broker_does(
             broker_url = broker
 
     assert priority_rank(App(), priority) == rank
+
+
+@pytest.mark.parametrize("slots", [1, 3])
+def test_a_grant_another_copy_of_the_call_took_is_not_handed_out_again(
+    client: redis.Redis, key: str, slots: int
+) -> None:
+    """A call handed the key whose grant another copy of its message (the same task id)
+    took over and runs under a token of its own has started: the sweep does not publish it
+    again once the grant is stale. A grant nobody took is published again."""
+    holder = RedisLock(client, key, timeout=30, limit=slots, holder_info={"task_id": "h"})
+    assert holder.acquire(blocking=False)
+    others = []
+    for n in range(slots - 1):
+        other = RedisLock(client, key, timeout=30, limit=slots, holder_info={"task_id": f"o{n}"})
+        assert other.acquire(blocking=False)
+        others.append(other)
+    assert _park(client, key, "c1", slots=slots).position == 1
+    assert _park(client, key, "c2", slots=slots).position == 2
+    assert isinstance(atomic.park_release(holder, KEEP), atomic.ParkedCall)
+    copy = RedisLock(client, key, timeout=30, limit=slots, claim=queue_token("c1", slots),
+                     group=task_group("c1") if slots > 1 else None,
+                     holder_info={"task_id": "c1", "pid": 2})  # fmt: skip
+    assert copy.acquire(blocking=False)
+    sweep = {"restart_ms": 0, "grant_ms": KEEP, "most": 10, "slots": slots}
+    assert atomic.park_sweep(client, key, **sweep) == (True, [])  # c1 runs: nothing to publish
+    assert isinstance(atomic.park_release(copy, KEEP), atomic.ParkedCall)  # to c2
+    handed = atomic.park_sweep(client, key, **sweep)[1]  # c2's grant went stale: again
+    assert [call.task_id for call in handed] == ["c2"]
