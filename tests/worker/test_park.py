@@ -264,6 +264,43 @@ def test_parked_and_unparked_events_follow_the_worker_s_task_events(
         assert capture.events[0]["uuid"] == later.id
 
 
+def _copy_takes_the_grant(
+    keep: ModuleType, data: redis.Redis, workers: Callable[..., CeleryWorker], name: str,
+    seconds: float,
+) -> Any:  # fmt: skip
+    """A call (``seconds`` long) published twice parks; its key is handed to it while no
+    worker reads its queue, and its second copy, delivered first from another queue, takes
+    the grant and runs. Returns the call's result; the handed copy waits in the default
+    queue for a worker."""
+    workers(concurrency=2, app=APP, queues=("csl-late",))
+    keep.ordered_job.apply_async((name, 0, 1.5), queue="csl-late")
+    assert wait_for(lambda: data.llen(f"runs:{name}") == 1, timeout=20)
+    captured: list[tuple[Any, ...]] = []
+
+    def grab(body: Any = None, headers: Any = None, **more: Any) -> None:
+        captured.append((body, dict(headers or {}), dict(more.get("properties") or {})))
+
+    parker = workers(concurrency=1, app=APP)
+    signals.before_task_publish.connect(grab, weak=False)
+    try:
+        call = keep.ordered_job.delay(name, 1, seconds)
+    finally:
+        signals.before_task_publish.disconnect(grab)
+    assert wait_for(lambda: call.state == "PARKED", timeout=10), call.state
+    parker.stop()  # the handed copy will wait in the default queue
+    assert wait_for(lambda: data.llen(f"runs:{name}") == 1 and data.get(f"inside:{name}") == "0",
+                    timeout=20)  # fmt: skip
+    return call, captured
+
+
+def _publish_copy(keep: ModuleType, captured: list[tuple[Any, ...]]) -> None:
+    with keep.app.producer_or_acquire() as producer:
+        for body, headers, properties in captured:
+            kept = {k: v for k, v in properties.items() if k in ("correlation_id", "reply_to")}
+            producer.publish(body, routing_key="csl-copy", headers=headers, serializer="json",
+                             **kept)  # fmt: skip
+
+
 def test_a_handed_call_whose_copy_ran_first_does_not_run_again(
     keep: ModuleType, data: redis.Redis, workers: Callable[..., CeleryWorker]
 ) -> None:
@@ -272,31 +309,10 @@ def test_a_handed_call_whose_copy_ran_first_does_not_run_again(
     handed copy, delivered after that while another run holds the key, ends without
     parking again: the call runs once."""
     name = "o6"
-    workers(concurrency=2, app=APP, queues=("csl-late",))
-    keep.ordered_job.apply_async((name, 0, 1.5), queue="csl-late")
-    assert wait_for(lambda: data.llen(f"runs:{name}") == 1, timeout=20)
-    captured: list[tuple[Any, ...]] = []
-
-    def grab(body: Any = None, routing_key: Any = None, headers: Any = None, **more: Any) -> None:
-        captured.append((body, dict(headers or {}), dict(more.get("properties") or {})))
-
-    parker = workers(concurrency=1, app=APP)
-    signals.before_task_publish.connect(grab, weak=False)
-    try:
-        call = keep.ordered_job.delay(name, 1, 0.1)
-    finally:
-        signals.before_task_publish.disconnect(grab)
-    assert wait_for(lambda: call.state == "PARKED", timeout=10), call.state
-    parker.stop()  # the handed copy will wait in the default queue
-    assert wait_for(lambda: data.llen(f"runs:{name}") == 1 and data.get(f"inside:{name}") == "0",
-                    timeout=20)  # fmt: skip
+    call, captured = _copy_takes_the_grant(keep, data, workers, name, 0.1)
     holder = keep.ordered_job.apply_async((name, 2, 3.0), queue="csl-late")
     assert wait_for(lambda: holder.state == "PARKED", timeout=10), holder.state
-    with keep.app.producer_or_acquire() as producer:
-        for body, headers, properties in captured:
-            kept = {k: v for k, v in properties.items() if k in ("correlation_id", "reply_to")}
-            producer.publish(body, routing_key="csl-copy", headers=headers, serializer="json",
-                             **kept)  # fmt: skip
+    _publish_copy(keep, captured)
     workers(concurrency=1, app=APP, queues=("csl-copy",))
     assert call.get(timeout=20) == 1
     assert wait_for(lambda: _order(data, name) == [0, 1, 2], timeout=20), _order(data, name)
@@ -305,3 +321,21 @@ def test_a_handed_call_whose_copy_ran_first_does_not_run_again(
     time.sleep(2.0)
     assert _order(data, name) == [0, 1, 2]
     assert call.get(timeout=5) == 1
+
+
+def test_a_handed_call_delivered_while_its_copy_runs_does_not_run_again(
+    keep: ModuleType, data: redis.Redis, workers: Callable[..., CeleryWorker]
+) -> None:
+    """As above, but the handed copy is delivered while the copy that took its grant still
+    runs: it comes back later (a delivery of a running message), and then ends without
+    running: the call runs once."""
+    name = "o7"
+    call, captured = _copy_takes_the_grant(keep, data, workers, name, 3.0)
+    _publish_copy(keep, captured)
+    workers(concurrency=1, app=APP, queues=("csl-copy",))
+    assert wait_for(lambda: _order(data, name) == [0, 1], timeout=20), _order(data, name)
+    workers(concurrency=1, app=APP)  # the handed copy is delivered while the copy runs
+    assert call.get(timeout=20) == 1
+    time.sleep(4.0)
+    assert _order(data, name) == [0, 1]
+    assert data.get(f"over:{name}") is None
