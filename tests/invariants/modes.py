@@ -276,6 +276,7 @@ def register(
             lock_keys=["key"],
             max_retries=None,
             ignore_result=False,
+            shared=False,  # a prefork-only mode must not join another test's app
             **dict(mode.options),
         )
         tasks[mode.name] = decorator(_function(mode.name, body))

@@ -420,8 +420,10 @@ def replaced(name: str, seconds: float, value: int) -> int:
 _REPLACES_RUNNING = os.environ.get("CSL_WORKER_POOL", "prefork") == "prefork"
 
 
+# Not shared with other apps (Celery adds an @app.task to every app finalized later): an
+# in-process solo worker of another test's app would refuse it.
 @app.task(base=LockedTask, lock_keys=["name"], lock_scope="queue", lock_on_conflict="replace",
-          lock_replace_running=_REPLACES_RUNNING)  # fmt: skip
+          lock_replace_running=_REPLACES_RUNNING, shared=False)  # fmt: skip
 def replaced_running(name: str, seconds: float, value: int) -> int:
     """Replace, running holders included: the running one is revoked."""
     return _follow_section(name, seconds, value)
