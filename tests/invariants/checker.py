@@ -82,8 +82,9 @@ READY = ("SUCCESS", "FAILURE", "REVOKED")
 #: The violation kinds, and what each means.
 KINDS: Mapping[str, str] = {
     "lost": "never reached a terminal state within the bounded wait (PENDING/RETRY for ever)",
-    "lost_in_transport": "lost, never received by a worker, published as a worker was killed "
-    "(kombu's Redis transport, celery/celery#7950: not the lock)",
+    "lost_in_transport": "lost, its last message (the call, a retry or a handed call) never "
+    "received by a worker, published as a worker was killed (kombu's Redis transport, "
+    "celery/celery#7950: not the lock)",
     "not_allowed": "ended in a terminal state its mode does not allow",
     "wrong_arguments": "the id ran with other arguments than the call it should run",
     "unexpected_result": "the stored result is not what a body of that id returned",
@@ -312,7 +313,9 @@ class _Run:
             if record.signal == "lock_superseded" and record.task_id:
                 self.superseded[record.task_id].append({"t": record.t, **record.fields})
         self.restarts = [f.t0 for f in obs.faults if f.kind == "redis_restart"]
-        self.received = {receipt.task_id for receipt in obs.receipts}
+        self.received: dict[str, list[float]] = defaultdict(list)
+        for receipt in obs.receipts:
+            self.received[receipt.task_id].append(receipt.t)
         self.published: dict[str, list[float]] = defaultdict(list)
         for record in sorted(obs.published, key=lambda record: record.t):
             self.published[record.task_id].append(record.t)
@@ -436,10 +439,13 @@ def _check_result(run: _Run, rid: str) -> None:
         sent = run.published.get(rid, [])
         if not sent:
             ran += ", never published"
-        elif rid not in run.received:
+        elif not any(t >= sent[-1] for t in run.received.get(rid, [])):
+            # Its last message (the first, or a retry) never reached a worker's consumer.
+            seen = "never received" if rid not in run.received else "not received again"
             ran += f", published {len(sent)}x (last at +{sent[-1] - group[0].t_call:.2f} s), " \
-                "never received by a worker"  # fmt: skip
-            if not bodies and _near_a_worker_kill(run, sent):
+                f"{seen} by a worker"  # fmt: skip
+            later = [b for b in bodies if b.start >= sent[-1]]
+            if not later and _near_a_worker_kill(run, sent[-1:]):
                 kind = "lost_in_transport"
         where = run.obs.notes.get("broker_left", {}).get(rid)
         if where:

@@ -294,6 +294,16 @@ def test_a_message_a_killed_worker_took_off_the_broker_is_counted_apart() -> Non
     assert len(verdict.transport) == 1
     r.obs.receipts.append(Receipt(call.own_id, "inv.replace", "w1", 5.1))
     assert r.kinds() == ["lost"]  # a worker had it: the lock must not lose it
+    # A worker received it and published a retry, which no worker received: the retry
+    # published as a worker was killed was the transport's, one published far from any
+    # kill was not.
+    r.obs.published.append(Publish(call.own_id, "inv.replace", 5.3, "w1"))
+    assert r.kinds() == ["lost_in_transport"]
+    r.obs.published[-1] = Publish(call.own_id, "inv.replace", 9.0, "w1")
+    assert r.kinds() == ["lost"]
+    r.obs.published[-1] = Publish(call.own_id, "inv.replace", 5.3, "w1")
+    r.obs.receipts.append(Receipt(call.own_id, "inv.replace", "w2", 5.4))
+    assert r.kinds() == ["lost"]  # the retry was received: the lock must not lose it
 
 
 def test_a_throttled_retry_comes_back_at_the_next_free_start() -> None:
