@@ -273,14 +273,15 @@ def _copy_takes_the_grant(
     the grant and runs. Returns the call's result; the handed copy waits in the default
     queue for a worker."""
     workers(concurrency=2, app=APP, queues=("csl-late",))
-    keep.ordered_job.apply_async((name, 0, 1.5), queue="csl-late")
+    parker = workers(concurrency=1, app=APP)  # ready before the holder starts
+    # The holder runs long enough for the call to park and its worker to stop.
+    keep.ordered_job.apply_async((name, 0, 5.0), queue="csl-late")
     assert wait_for(lambda: data.llen(f"runs:{name}") == 1, timeout=20)
     captured: list[tuple[Any, ...]] = []
 
     def grab(body: Any = None, headers: Any = None, **more: Any) -> None:
         captured.append((body, dict(headers or {}), dict(more.get("properties") or {})))
 
-    parker = workers(concurrency=1, app=APP)
     signals.before_task_publish.connect(grab, weak=False)
     try:
         call = keep.ordered_job.delay(name, 1, seconds)
