@@ -450,6 +450,9 @@ def _check_result(run: _Run, rid: str) -> None:
         where = run.obs.notes.get("broker_left", {}).get(rid)
         if where:
             ran += f"; its message is still {where} in the broker"
+        mutex_ms = run.obs.notes.get("restore_mutex_ms", -2)
+        if where == "unacknowledged" and mutex_ms > 0:
+            ran += f" (kombu's restore mutex still held, {mutex_ms / 1000:.0f} s left)"
         run.flag(kind, group, "a terminal state within the bounded wait",
                  f"{outcome.state} at the end ({ran})", window, [rid])  # fmt: skip
         return

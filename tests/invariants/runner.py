@@ -178,8 +178,12 @@ def run_scenario(spec: Scenario, log_dir: Path) -> Observation:
         recorded = app.recorder.read()
         with redis.Redis.from_url(broker.url, socket_timeout=5) as client:
             left = broker_leftovers(client, app.QUEUE)
+            # kombu's Redis transport restores unacknowledged messages under this mutex
+            # (300 s): one a worker was killed holding blocks every restore until it expires.
+            mutex_ms = int(client.pttl("unacked_mutex"))
         notes = {
             "broker_left": left,
+            "restore_mutex_ms": mutex_ms,
             "began": began, "calls_done": calls_done, "drain_s": round(ended - calls_done, 1),
             "worker_pids": {slot.info.name: slot.history for slot in slots},
             "summary": spec.summary(),

@@ -352,3 +352,16 @@ def test_a_lost_result_needs_a_completed_body_whose_process_was_killed() -> None
     r.result(call.own_id, "FAILURE", error="ResultLost")
     r.obs.kills.append(Kill(pid=10, t=1.6, kind="worker_kill"))
     assert r.kinds() == ["not_allowed"]
+
+
+def test_a_message_left_unacknowledged_names_kombu_s_restore_mutex_when_held() -> None:
+    """A lost call whose message is still unacknowledged in the broker says so, and says
+    when kombu's restore mutex was still held at the end (a worker killed holding it
+    blocks every redelivery for 300 s)."""
+    r = Records()
+    call = r.call("queue_skip", 1.0)
+    r.obs.notes["broker_left"] = {call.own_id: "unacknowledged"}
+    assert "still unacknowledged in the broker" in check(r.obs).violations[0].got
+    assert "restore mutex" not in check(r.obs).violations[0].got
+    r.obs.notes["restore_mutex_ms"] = 250_000
+    assert "kombu's restore mutex still held, 250 s left" in check(r.obs).violations[0].got
