@@ -9,15 +9,13 @@ of each (medians over runs) and our ratio to both floors. Nothing is asserted.
 from __future__ import annotations
 
 import argparse
-import secrets
 import statistics
-import time
 from collections.abc import Sequence
 
 import redis
 
 from benchmarks import bench_lock
-from benchmarks.contenders import CONTENDERS, Contender
+from benchmarks.contenders import CONTENDERS, Contender, FloorLock
 
 #: The acquire: the server's clock, then ``SET NX PX`` of a value that carries the expiry.
 CLOCK_ACQUIRE = """
@@ -35,29 +33,17 @@ return 0
 """
 
 
-class ClockFloorLock:
+class ClockFloorLock(FloorLock):
     """``floor+clock``: one script each way, with nothing else (no waiting, no fencing)."""
 
+    RELEASE = CLOCK_RELEASE
+
     def __init__(self, client: redis.Redis, key: str, lease: float) -> None:
-        self._client = client
-        self._key = key
-        self._px = int(lease * 1000)
-        self._token = ""
+        super().__init__(client, key, lease)
         self._acquire = client.register_script(CLOCK_ACQUIRE)
-        self._release = client.register_script(CLOCK_RELEASE)
 
-    def acquire(self, timeout: float) -> bool:
-        token = secrets.token_hex(16)
-        deadline = time.monotonic() + timeout
-        while True:
-            if self._acquire(keys=[self._key], args=[token, self._px], client=self._client):
-                self._token = token
-                return True
-            if time.monotonic() >= deadline:
-                return False
-
-    def release(self) -> None:
-        self._release(keys=[self._key], args=[self._token], client=self._client)
+    def _take(self, token: str) -> bool:
+        return bool(self._acquire(keys=[self._key], args=[token, self._px], client=self._client))
 
 
 CLOCK_FLOOR = Contender(

@@ -144,18 +144,25 @@ class FloorLock:
     When the key is taken it retries immediately (busy spin) until ``timeout``.
     """
 
+    #: The release script: deletes the key when it holds our token.
+    RELEASE = COMPARE_AND_DELETE
+
     def __init__(self, client: redis.Redis, key: str, lease: float) -> None:
         self._client = client
         self._key = key
         self._px = int(lease * 1000)
         self._token = ""
-        self._release = client.register_script(COMPARE_AND_DELETE)
+        self._release = client.register_script(self.RELEASE)
+
+    def _take(self, token: str) -> bool:
+        """One try at the key under ``token``."""
+        return bool(self._client.set(self._key, token, nx=True, px=self._px))
 
     def acquire(self, timeout: float) -> bool:
         token = secrets.token_hex(16)
         deadline = time.monotonic() + timeout
         while True:
-            if self._client.set(self._key, token, nx=True, px=self._px):
+            if self._take(token):
                 self._token = token
                 return True
             if time.monotonic() >= deadline:
