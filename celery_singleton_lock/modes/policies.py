@@ -38,6 +38,9 @@ __all__ = [
 ]
 
 log = logging.getLogger("celery_singleton_lock.task")
+#: Jitter draws from the OS, not the global ``random``: the application's seeded state is
+#: left alone, and forked pool processes do not share one sequence.
+_RANDOM = random.SystemRandom()
 
 #: The automatic countdown of a retry never goes below this many seconds.
 MIN_COUNTDOWN = 0.5
@@ -50,7 +53,7 @@ WAIT_MARGIN = 0.002
 
 def jitter(seconds: float) -> float:
     """``seconds`` plus up to a quarter, so retries that wait alike do not arrive together."""
-    return seconds * (1 + random.uniform(0, 0.25))
+    return seconds * (1 + _RANDOM.uniform(0, 0.25))
 
 
 def countdown(options: LockOptions, holder: Holder | None, retries: int) -> float:
@@ -204,7 +207,7 @@ class Retry(ConflictPolicy):
             time.sleep(retry_in + WAIT_MARGIN)
             return True
         run.scope.hand_back(run)
-        delay = retry_in + random.uniform(0, min(retry_in * RETRY_SPREAD, 1.0))
+        delay = retry_in + _RANDOM.uniform(0, min(retry_in * RETRY_SPREAD, 1.0))
         raise run.retry(TaskThrottled(run.key, retry_in), delay, counted=self.counted)
 
     def publish_conflict(self, call: Publish, lock: RedisLock) -> AnyResult:

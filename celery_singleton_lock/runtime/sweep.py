@@ -35,6 +35,9 @@ if TYPE_CHECKING:
 __all__ = ["SWEEP_INTERVAL", "Sweeper", "sweep"]
 
 log = logging.getLogger("celery_singleton_lock.worker")
+#: Jitter draws from the OS, not the global ``random``: the application's seeded state is
+#: left alone, and forked pool processes do not share one sequence.
+_RANDOM = random.SystemRandom()
 
 #: Seconds between two sweeps of a worker (with up to a fifth more, so workers spread out).
 SWEEP_INTERVAL = 3.0
@@ -89,7 +92,7 @@ class Sweeper:
         self._stop.set()
 
     def _run(self) -> None:
-        while not self._stop.wait(SWEEP_INTERVAL * random.uniform(1.0, 1.2)):
+        while not self._stop.wait(SWEEP_INTERVAL * _RANDOM.uniform(1.0, 1.2)):
             try:
                 sweep(self.app)
             except (LockError, OSError) as exc:
