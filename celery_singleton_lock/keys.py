@@ -62,6 +62,7 @@ __all__ = [
     "canonical_json",
     "check_lock_keys",
     "readable_task_name",
+    "signature_names",
     "task_lock_key",
 ]
 
@@ -145,6 +146,17 @@ def bind_arguments(
                     result[name] = value
             return result
     return {_ARGS_FALLBACK: list(args), _KWARGS_FALLBACK: dict(kwargs)}
+
+
+def signature_names(func: Callable[..., Any]) -> tuple[str, ...] | None:
+    """The parameter names of ``func``; None when any name binds (it takes ``**kwargs``, or
+    its signature cannot be read)."""
+    signature = _signature(func)
+    if signature is None or any(
+        p.kind is inspect.Parameter.VAR_KEYWORD for p in signature.parameters.values()
+    ):
+        return None
+    return tuple(signature.parameters)
 
 
 def check_lock_keys(func: Callable[..., Any], lock_keys: object) -> None:
@@ -454,8 +466,12 @@ def task_lock_key(  # noqa: PLR0917 - the positional order is the task layer's c
     args: Sequence[Any],
     kwargs: Mapping[str, Any],
     lock_keys: object = None,
+    *,
+    tag: str | None = None,
 ) -> str:
-    """The lock key for one call: ``{prefix}:{readable task name}:{{{digest}}}``.
+    """The lock key for one call: ``{prefix}:{readable task name}:{{{digest}}}``; with a
+    ``tag`` (a task with stacked limits: every key of the stack shares it, so one script
+    takes them all on Redis Cluster) ``{prefix}:{readable task name}:{digest}:{{{tag}}}``.
 
     ``lock_keys`` chooses what identifies the work: ``None`` every bound argument; a
     list/tuple of parameter names only those (a name the call did not pass counts as a
@@ -468,4 +484,6 @@ def task_lock_key(  # noqa: PLR0917 - the positional order is the task layer's c
     text = _selected_text(func, args, kwargs, lock_keys)
     material = _encode_str(task_name) + "\n" + text
     digest = hashlib.sha256(material.encode("utf-8", "surrogatepass")).hexdigest()
+    if tag is not None:
+        return f"{prefix}:{readable_task_name(task_name)}:{digest[:DIGEST_LENGTH]}:{{{tag}}}"
     return f"{prefix}:{readable_task_name(task_name)}:{{{digest[:DIGEST_LENGTH]}}}"

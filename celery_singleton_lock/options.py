@@ -28,6 +28,7 @@ from celery.exceptions import ImproperlyConfigured
 
 from celery_singleton_lock.client import mask_url, url_error
 from celery_singleton_lock.engine.constants import MAX_DURATION
+from celery_singleton_lock.limits import MAX_WEIGHT, LimitsOption, WeightOption, parse_limits
 
 __all__ = [
     "CONFLICT_POLICIES",
@@ -175,6 +176,28 @@ def _keys(value: Any, where: str) -> KeysOption:
     raise ImproperlyConfigured(
         f"{where} must be None, a callable (args, kwargs) -> str, or a list/tuple of "
         f"parameter names, got {value!r}{hint}"
+    )
+
+
+def _limits(value: Any, where: str) -> LimitsOption:
+    """``lock_limits``: a list of ``(template, N)`` pairs (returned as a tuple of tuples);
+    the templates' names are checked against the task's signature by the task layer."""
+    try:
+        return parse_limits(value)
+    except ValueError as exc:
+        raise ImproperlyConfigured(f"{where}: {exc}") from None
+
+
+def _weight(value: Any, where: str) -> WeightOption:
+    """``lock_weight``: a whole number from 1 to ``MAX_WEIGHT``, or a callable of the bound
+    arguments (as keyword arguments) that returns one."""
+    if callable(value):
+        return value  # type: ignore[no-any-return]
+    if isinstance(value, int) and not isinstance(value, bool) and 1 <= value <= MAX_WEIGHT:
+        return value
+    raise ImproperlyConfigured(
+        f"{where} must be a whole number from 1 to {MAX_WEIGHT} or a callable of the bound "
+        f"arguments, got {value!r}"
     )
 
 
@@ -337,6 +360,21 @@ class LockOptions:
         "Up to this many runs per key at once (slots, each leased, owner-checked and fenced "
         "like the lock); 1: one at a time. A task's deliveries never hold two slots.",
         values="whole number >= 1",
+    )  # fmt: skip
+    limits: LimitsOption = _option(
+        (), _limits,
+        "Stacked limits every run must also fit in, beside its key's: (template, N) pairs, "
+        "a template over the task's parameters (\"tenant:{tenant_id}\") or a fixed name "
+        "for a budget shared by all (\"global:exports\"). A run takes a share of each, of "
+        "its lock_weight, in one step with its key, or waits as for a held key. N may be "
+        "changed while workers run: celery locks limit set NAME N.",
+        values="list of (template, whole number >= 0)", setting=False,
+    )  # fmt: skip
+    weight: WeightOption = _option(
+        1, _weight,
+        "With lock_limits: how much of each limit a run takes; a number, or a callable "
+        "called with the bound arguments as keywords that returns one.",
+        values=f"whole number 1..{MAX_WEIGHT}, callable", setting=False,
     )  # fmt: skip
     debounce: float | None = _option(
         None, _seconds(minimum=0, inclusive=False),
@@ -581,6 +619,27 @@ OPTION_RULES: tuple[Combination, ...] = (
         lambda o, s: o.limit > 1 and no_scripts(s),
         "lock_limit > 1 needs Lua scripts (slots are taken by a script), which "
         "singleton_lock_scripting=False turns off",
+    ),
+    Combination(
+        lambda o, s: bool(o.limits) and no_scripts(s),
+        "lock_limits needs Lua scripts (a run's shares are taken by a script), which "
+        "singleton_lock_scripting=False turns off",
+    ),
+    Combination(
+        lambda o, s: not o.limits and o.weight != 1,
+        "lock_weight needs lock_limits (the weight is what a run takes of each limit)",
+    ),
+    Combination(
+        lambda o, s: bool(o.limits) and o.scope != "run",
+        "lock_limits works with lock_scope='run' only so far (a queued call takes no share)",
+    ),
+    Combination(
+        lambda o, s: bool(o.limits) and o.on_conflict not in {"skip", "wait", "retry", "raise"},
+        "lock_limits works with lock_on_conflict 'skip', 'wait', 'retry' or 'raise' so far",
+    ),
+    Combination(
+        lambda o, s: bool(o.limits) and o.release != "end",
+        "lock_limits works with lock_release='end' only so far",
     ),
     Combination(
         lambda o, s: o.fair_after is not None and no_scripts(s),

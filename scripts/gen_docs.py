@@ -35,6 +35,7 @@ from celery_singleton_lock._observe import (  # noqa: E402
     skip_record_key,
 )
 from celery_singleton_lock.engine.keyspace import SUFFIXES  # noqa: E402
+from celery_singleton_lock.engine.stack import stack_base
 from celery_singleton_lock.modes import policies_markdown  # noqa: E402
 from celery_singleton_lock.modes.parking import parking_index  # noqa: E402
 from celery_singleton_lock.ops import cli  # noqa: E402
@@ -86,8 +87,9 @@ def acl_key_patterns(prefix: str) -> list[str]:
     """The key patterns a least-privilege user of the lock Redis needs under ``prefix``:
     every task lock key (``prefix:<task>:{digest}``), each companion key beside it
     (``prefix:<task>:{digest}:<suffix>``, one pattern per suffix of ``engine.keyspace``) and
-    the records of skipped runs (``prefix~skipped:<task id>``) and the worker sweep's list of
-    keys with calls set aside (``{prefix}~parking``)."""
+    the records of skipped runs (``prefix~skipped:<task id>``), the worker sweep's list of
+    keys with calls set aside (``{prefix}~parking``) and the keys of stacked limits
+    (``prefix:{prefix:stack}:*``, ``engine.stack``)."""
     lock = prefix_pattern(prefix) + "}"  # prefix:*} : the hash tag ends every task key
     companions = [
         f"{lock}:{suffix}" + ("*" if suffix.endswith(":") else "")
@@ -95,7 +97,7 @@ def acl_key_patterns(prefix: str) -> list[str]:
     ]
     record = skip_record_key(prefix, "")  # prefix~skipped: + the task id
     skipped = prefix_pattern(prefix)[: -len(":*")] + record.removeprefix(prefix) + "*"
-    return [lock, *companions, skipped, parking_index(prefix)]
+    return [lock, *companions, skipped, parking_index(prefix), stack_base(prefix) + "*"]
 
 
 def acl_commands(scripting: bool) -> list[str]:

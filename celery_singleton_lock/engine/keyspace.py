@@ -28,6 +28,7 @@ __all__ = [
     "SIGNAL",
     "SLOT",
     "SLOTS",
+    "STACK",
     "STARTS",
     "SUFFIXES",
     "SUPERSEDED",
@@ -71,6 +72,8 @@ SUPERSEDED = "superseded:"
 DEBOUNCE = "debounce"
 #: ``burst:<task id>``: the latest generation of that debounce burst.
 BURST = "burst:"
+#: ``stack:<token>``: the stacked limits that hold of the lock has a share of (its spec).
+STACK = "stack:"
 #: A key's recent starts (``lock_rate_limit``): a sorted set scored by server ms.
 STARTS = "starts"
 #: A key's park queue (``lock_on_conflict="park"``): a sorted set of task ids by turn.
@@ -104,6 +107,7 @@ SUFFIXES = {
     "DEBOUNCE": DEBOUNCE,
     "BURST": BURST,
     "STARTS": STARTS,
+    "STACK": STACK,
     "PARKED": PARKED,
     "PARKDATA": PARKDATA,
     "GRANTED": GRANTED,

@@ -63,6 +63,7 @@ from celery_singleton_lock.engine.rules import (
     wait_for,
 )
 from celery_singleton_lock.engine.scripted import ScriptedProtocol
+from celery_singleton_lock.engine.stack import Stack
 from celery_singleton_lock.engine.value import Holder, LockValue
 from celery_singleton_lock.engine.wire import (
     LockClient,
@@ -138,6 +139,14 @@ class RedisLock(HoldView, Renewing):
     than ``fair_after`` since it began, and hands it straight to that waiter after. No
     waiter waits longer than ``fair_after`` plus one holder's critical section past the
     moment it became first. Scripted mode only.
+
+    ``stack`` (an :class:`~.stack.Stack`) makes every hold also take a share of several
+    counted limits at once, in the same atomic step or not at all (its weight in each; a
+    limit's number may be changed in Redis while holds run). The shares are released,
+    renewed and expire with the hold. A try that finds the key free but a limit full fails
+    like one that finds the key held (``held_back_by`` names the limit), and a waiter is
+    woken when a share of that limit is given back. ``name`` must carry the stack's hash
+    tag. Scripted mode only.
     """
 
     #: The protocol for each value of ``scripting``; tests substitute instrumented ones.
@@ -163,6 +172,7 @@ class RedisLock(HoldView, Renewing):
         replicas: int = 0,
         replicas_timeout: float = 0.5,
         fair_after: float | None = None,
+        stack: Stack | None = None,
     ) -> None:
         self._fair_ms = fair_ms(fair_after, scripting=scripting)
         self._lease_ms = check_lock(
@@ -191,6 +201,14 @@ class RedisLock(HoldView, Renewing):
         self.replicas = replicas
         self.replicas_timeout = float(replicas_timeout)
         self.fair_after = fair_after
+        if stack is not None:
+            if not scripting:
+                raise ValueError("stack needs scripting=True (its shares are taken by a script)")
+            stack.check_lock(name)
+        self.stack = stack
+        #: The stacked limit that held back this instance's last failed try (its key was
+        #: free), None when the key itself was held or there is no stack.
+        self.held_back_by: str | None = None
         self.signal_key = companion_key(name, SIGNAL)
         self._fixed_token = token
         self._given_info = holder_info
@@ -218,6 +236,7 @@ class RedisLock(HoldView, Renewing):
             limit=self.limit,
             group=self.group,
             fair_ms=self._fair_ms,
+            stack=self.stack,
         )
 
     def __repr__(self) -> str:
@@ -316,13 +335,15 @@ class RedisLock(HoldView, Renewing):
         while True:
             started = time.monotonic()
             mode = acquire_mode(queued, blocking)
+            limit = None
             try:
-                acquired, number, key = self.protocol.acquire(
+                acquired, number, key, limit = self.protocol.acquire(
                     token, self._lease_ms, mode, self.claim, poll_ms
                 )
             except LockBackendError as exc:
                 number, key = self._held_after_lost_reply(exc, token, queued=blocking)
                 acquired = True
+            self.held_back_by = limit
             if acquired:
                 return Hold(token, number, me, started + self._lease_ms / 1000, key or self.name)
             step = next_step(
@@ -347,7 +368,7 @@ class RedisLock(HoldView, Renewing):
             try:
                 granted = None
                 if step.pop is not None:
-                    granted = self.protocol.wait(token, step.pop)
+                    granted = self.protocol.wait(token, step.pop, limit)
                 elif step.sleep > 0:
                     time.sleep(step.sleep)  # the last stretch before a lease ends, exactly
             except BaseException:

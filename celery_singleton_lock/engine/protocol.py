@@ -18,6 +18,7 @@ from typing import Any, NamedTuple, cast
 
 from celery_singleton_lock.engine.constants import GRACE_BASE_MS, GRACE_FRACTION, SIGNAL_TTL_MS
 from celery_singleton_lock.engine.keyspace import GRANT, QUEUE, WAITER, companion_key
+from celery_singleton_lock.engine.stack import Stack, is_stacked
 from celery_singleton_lock.engine.wire import LockClient, call, server_time
 
 __all__ = [
@@ -60,11 +61,14 @@ def grace_ms(lease_ms: int) -> int:
 class Attempt(NamedTuple):
     """The outcome of one acquire attempt: ``acquired`` with the hold's fencing token in
     ``number`` (and the slot it took, with several), or not, with the milliseconds until
-    the current holder's lease ends."""
+    the current holder's lease ends (or, held back by a stacked ``limit``, until a share of
+    it ends)."""
 
     acquired: bool
     number: int
     key: str | None = None
+    #: The stacked limit that held it back (its key was free), None otherwise.
+    limit: str | None = None
 
 
 def popped_grant(reply: Any, grant_key: str) -> Grant | None:
@@ -113,7 +117,8 @@ class LockKeys:
     """The keys and constant arguments of one lock's protocol, with no client: ``name`` is
     the lock key, ``signal_key`` the waiters' wake-up list in the same hash slot, ``info``
     the holder info stored in the value; ``limit`` how many holders at once (slots) and
-    ``group`` a token prefix that may hold one. Shared by the protocols of both engines."""
+    ``group`` a token prefix that may hold one; ``stack`` the stacked limits a hold also
+    takes a share of. Shared by the protocols of both engines."""
 
     def __init__(
         self,
@@ -124,6 +129,7 @@ class LockKeys:
         limit: int = 1,
         group: str = "",
         fair_ms: int = 0,
+        stack: Stack | None = None,
     ) -> None:
         self.name = name
         self.signal_key = signal_key
@@ -133,6 +139,11 @@ class LockKeys:
         self.group = group
         #: ``fair_after`` in ms (0: always hand over to the first waiter).
         self.fair_ms = fair_ms
+        #: The stacked limits a hold also takes a share of (``engine.stack``), if any.
+        self.stack = stack
+        #: Whether holds of this key may have shares to give back or renew (a stacked
+        #: lock, whether or not this instance knows its stack).
+        self.stacked = stack is not None or is_stacked(name)
         # The waiters' queue (see ``scripts``), in the lock's hash slot.
         self.queue_key = companion_key(name, QUEUE)
         self.waiter_prefix = companion_key(name, WAITER)
@@ -145,6 +156,14 @@ class LockKeys:
     def grant_key(self, token: str) -> str:
         """The list a release pushes onto when it hands the lock to waiter ``token``."""
         return self.grant_prefix + token
+
+    def wake_keys(self, token: str, limit: str | None) -> list[str]:
+        """What a waiter blocks on: its grant list and the lock's signal list, and the
+        wake-up list of the stacked ``limit`` that held it back (if any)."""
+        keys = [self.grant_key(token), self.signal_key]
+        if limit is not None and self.stack is not None:
+            keys.append(self.stack.wake_key(limit))
+        return keys
 
 
 class Protocol(LockKeys, ABC):
@@ -160,8 +179,11 @@ class Protocol(LockKeys, ABC):
         limit: int = 1,
         group: str = "",
         fair_ms: int = 0,
+        stack: Stack | None = None,
     ) -> None:
-        super().__init__(name, signal_key, info, limit=limit, group=group, fair_ms=fair_ms)
+        super().__init__(
+            name, signal_key, info, limit=limit, group=group, fair_ms=fair_ms, stack=stack
+        )
         self.client = client
 
     @abstractmethod
@@ -188,11 +210,12 @@ class Protocol(LockKeys, ABC):
         """Owner-checked new lease end of ``key`` (server now + ``lease_ms``): the expiry in
         server milliseconds, or 0 when not owned (nothing done)."""
 
-    def wait(self, token: str, seconds: float) -> Grant | None:
-        """Block up to ``seconds`` until a release wakes this waiter; the grant when the
-        release handed the lock to ``token`` (it is then held), else None."""
+    def wait(self, token: str, seconds: float, limit: str | None = None) -> Grant | None:
+        """Block up to ``seconds`` until a release wakes this waiter (or, held back by the
+        stacked ``limit``, a share of it is given back); the grant when the release handed
+        the lock to ``token`` (it is then held), else None."""
         grant = self.grant_key(token)
-        reply = call(self.name, self.client.blpop, [grant, self.signal_key], timeout=seconds)
+        reply = call(self.name, self.client.blpop, self.wake_keys(token, limit), timeout=seconds)
         return popped_grant(reply, grant)
 
     def cancel(self, token: str) -> Grant | None:

@@ -262,6 +262,7 @@ class Renewing:
                 and type(lock.client) is redis.Redis
                 and lock.auto_renew
                 and not hold.ended
+                and not lock.protocol.stacked
             ):
                 batch.append(index)
             else:

@@ -10,6 +10,7 @@ import redis
 
 from celery_singleton_lock.engine.protocol import Attempt, LockKeys, Protocol
 from celery_singleton_lock.engine.scripts import SCRIPTS, Script
+from celery_singleton_lock.engine.stack import Stack
 from celery_singleton_lock.engine.wire import LockClient, backend_error, call
 from celery_singleton_lock.exceptions import LockBackendError
 
@@ -44,6 +45,8 @@ class ScriptCalls:
         self._limit_b = str(keys.limit).encode()
         self._group_b = keys.group.encode()
         self._fair_ms = keys.fair_ms
+        self._stack_b = keys.stack.spec().encode() if keys.stack is not None else None
+        self._stacked = keys.stacked
 
     def acquire(
         self, token: str, lease_ms: int, mode: bytes, claim: str = "", poll_ms: int = 1000
@@ -52,7 +55,9 @@ class ScriptCalls:
         args: tuple[bytes | int | str, ...] = (token, lease_ms, self._info_b, mode, poll_ms)
         if self.limit > 1:
             args += (self._limit_b, self._group_b)
-        if claim:
+        if self._stack_b is not None:
+            args += (claim, self._stack_b)
+        elif claim:
             args += (claim,)
         script = _ACQUIRE_SLOTS if self.limit > 1 else _ACQUIRE
         return ScriptCall(script, 2, (self._name_b, self._queue_b, *args))
@@ -61,6 +66,14 @@ class ScriptCalls:
         """ACQUIRE's reply: acquired with the fencing token (and the slot taken, with
         several), or held, with the milliseconds until the holder's lease ends."""
         if int(result[0]) != 1:
+            if len(result) > 2:  # held back by a stacked limit
+                limit = result[2]
+                return Attempt(
+                    False,
+                    int(result[1]),
+                    None,
+                    limit.decode() if isinstance(limit, bytes) else limit,
+                )
             return Attempt(False, int(result[1]))
         if self.limit > 1:
             slot = result[3]
@@ -76,6 +89,14 @@ class ScriptCalls:
         1 released, 2 released and waiters signalled, 3 handed over)."""
         target = key or self._name_b
         fair: tuple[int, ...] = (self._fair_ms,) if self._fair_ms else ()
+        if self._stacked:  # ARGV[6]: read the hold's stack record
+            where, value, ttl_ms = record or ("", "", 0)
+            keys = (target, self._queue_b, where) if record else (target, self._queue_b)
+            return ScriptCall(
+                _RELEASE,
+                len(keys),
+                (*keys, token, self._limit_b, value, ttl_ms, self._fair_ms, b"1"),
+            )
         if record is None:
             if fair:
                 return ScriptCall(
@@ -92,6 +113,8 @@ class ScriptCalls:
     def extend(self, token: str, lease_ms: int, key: str | None = None) -> ScriptCall:
         """EXTEND of ``key``; its reply is the new expiry (ms), 0 when not owned."""
         target = key or self._name_b
+        if self._stacked:  # ARGV[4]: the shares follow the lease
+            return ScriptCall(_EXTEND, 1, (target, token, lease_ms, b"s", b"1"))
         if self.limit > 1:  # the slot index follows the slot's lease (EXTEND's ARGV[3])
             return ScriptCall(_EXTEND, 1, (target, token, lease_ms, b"s"))
         return ScriptCall(_EXTEND, 1, (target, token, lease_ms))
@@ -110,8 +133,11 @@ class ScriptedProtocol(Protocol):
         limit: int = 1,
         group: str = "",
         fair_ms: int = 0,
+        stack: Stack | None = None,
     ) -> None:
-        super().__init__(client, name, signal_key, info, limit=limit, group=group, fair_ms=fair_ms)
+        super().__init__(
+            client, name, signal_key, info, limit=limit, group=group, fair_ms=fair_ms, stack=stack
+        )
         self.calls = ScriptCalls(self)
 
     def _run(self, sent: ScriptCall) -> Any:

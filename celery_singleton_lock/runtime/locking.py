@@ -18,7 +18,9 @@ from kombu.serialization import dumps, loads
 from celery_singleton_lock._observe import RunLock
 from celery_singleton_lock.client import LockClient, redis_for
 from celery_singleton_lock.config import settings_for
-from celery_singleton_lock.keys import check_lock_keys, task_lock_key
+from celery_singleton_lock.engine.stack import Stack
+from celery_singleton_lock.keys import check_lock_keys, signature_names, task_lock_key
+from celery_singleton_lock.limits import call_stack, check_limit_fields, stack_tag
 from celery_singleton_lock.modes import Plan, check_combinations, plan_for
 from celery_singleton_lock.modes.scope import queue_token, task_group
 from celery_singleton_lock.options import TASK_OPTION_PREFIX, LockOptions, Settings
@@ -93,6 +95,26 @@ class TaskLocking:
             tuple(args or ()),
             dict(kwargs or {}),
             self.options.keys,
+            tag=stack_tag(self.settings.prefix) if self.options.limits else None,
+        )
+
+    def stack(self, args: Any, kwargs: Any, *, received: bool = False) -> Stack | None:
+        """The stacked limits a run of a call with these arguments takes a share of (None
+        without ``lock_limits``); arguments not ``received`` from a message are first put
+        through the serializer, as for the key. A weight callable that fails, or gives no
+        whole number from 1 up, raises ``ValueError`` naming ``lock_weight``."""
+        options = self.options
+        if not options.limits:
+            return None
+        if not received:
+            args, kwargs = wire_form(args, kwargs, self.serializer)
+        return call_stack(
+            self.settings.prefix,
+            self.func,
+            options.limits,
+            options.weight,
+            tuple(args or ()),
+            dict(kwargs or {}),
         )
 
     def with_call_options(self, given: Mapping[str, Any]) -> TaskLocking:
@@ -109,14 +131,22 @@ class TaskLocking:
         return redis_for(app, self.settings.url)
 
     def new_lock(
-        self, app: Any, key: str, task_id: str, *, queued: bool = False, claim: str | None = None
+        self,
+        app: Any,
+        key: str,
+        task_id: str,
+        *,
+        queued: bool = False,
+        claim: str | None = None,
+        stack: Stack | None = None,
     ) -> RunLock:
         """The lock of a publish (``queued``) or of one delivery's run of the task.
 
         A publish that locks holds it under a token derived from the task id; the delivery
         that runs the message claims that hold (the scope says which) under a token of its
         own, so a second delivery of the same message is a rival. ``claim`` overrides the
-        token to take over.
+        token to take over. ``stack``: the stacked limits a run (not a publish) also takes
+        a share of.
         """
         info: dict[str, Any] = {
             "task_id": task_id,
@@ -146,6 +176,7 @@ class TaskLocking:
             holder_info=json.dumps(info, sort_keys=True, separators=(",", ":")),
             replicas=options.replicas,
             fair_after=options.fair_after,
+            stack=None if queued else stack,
         )
 
 
@@ -235,6 +266,10 @@ def locking_for(task: AnyTask) -> TaskLocking | None:
             check_lock_keys(task.run, options.keys)
         except ValueError as exc:
             raise ImproperlyConfigured(f"lock_keys of task {task.name!r}: {exc}") from exc
+        try:
+            check_limit_fields(task.run, options.limits, signature_names(task.run))
+        except ValueError as exc:
+            raise ImproperlyConfigured(f"lock_limits of task {task.name!r}: {exc}") from exc
         serializer = getattr(task, "serializer", None) or task.app.conf.task_serializer
         locking = TaskLocking(task.name, task.run, effective, options, str(serializer))
     task.__dict__["_singleton_lock"] = (settings, locking)

@@ -68,10 +68,12 @@ def resolve(task: AnyTask, args: tuple[Any, ...], kwargs: dict[str, Any], call: 
     locking = run_locking(task, request)
     if locking is None:
         return None
+    received = not request.is_eager
     key = locking.plan.scope.carried_key(hdr.header_key(request)) or locking.key(
-        args, kwargs, received=not request.is_eager
+        args, kwargs, received=received
     )
-    lock = locking.new_lock(task.app, key, str(request.id))
+    stack = locking.stack(args, kwargs, received=received)
+    lock = locking.new_lock(task.app, key, str(request.id), stack=stack)
     body = functools.partial(body_of(task, call), *args, **kwargs)
     return Run(task, request, locking, key, lock, body)
 

@@ -8,23 +8,31 @@
 -- ARGV[5] the longest the caller blocks between tries (ms): how long its place is kept
 -- ARGV[6] (optional) a claimed owner token: a hold under it is taken over as our own
 --         (keeping its fencing token), as a delivery claims its queued message's lock
+--         ('' none)
+-- ARGV[7] (optional) stacked limits (lib/stack.lua): the lock is taken only together with
+--         a share of each, in this step, or not at all
 -- returns {1, fencing token, expiry ms} when acquired,
---         {0, ms until the holder's lease ends (>= 1)} when held by someone else
+--         {0, ms until the holder's lease ends (>= 1)} when held by someone else,
+--         {0, ms until a share of it ends (>= 1), limit name} when the key is free (or
+--         ours) but the weight does not fit in that limit
 --@include clock
 --@include lease
 --@include value
 --@include base
 --@include waiters
+--@include stack
 -- The uncontended acquire runs only TIME and SET NX: everything else comes after it.
 local now, fence = clock()
 local lease = tonumber(ARGV[2])
 local expiry = now + lease
 local ttl = key_ttl(lease)
 local flag = ARGV[4] == '1' and '1' or '0'
+local claim = ARGV[6] ~= '' and ARGV[6] or nil
+local stack = stack_spec(ARGV[7])
 -- pcall: at maxmemory the SET NX is refused even when the key exists; a contender must
 -- still hear "held" then (a write we need below fails with the server's error)
-local set = redis.pcall('SET', KEYS[1], format_value(expiry, flag, ARGV[1], fence, ARGV[3]),
-  'NX', 'PX', ttl)
+local set = not stack and redis.pcall('SET', KEYS[1],
+  format_value(expiry, flag, ARGV[1], fence, ARGV[3]), 'NX', 'PX', ttl)
 if set and set.ok then
   if ARGV[4] == '1' then leave(base(KEYS[1]), KEYS[2], ARGV[1]) end
   return {1, fence, expiry}
@@ -32,7 +40,7 @@ end
 local current = redis.call('GET', KEYS[1])
 if current then
   local held_until, flag_at, old_fence, owner = parse(current)
-  if owner == ARGV[1] or (ARGV[6] and owner == ARGV[6]) then
+  if owner == ARGV[1] or (claim and owner == claim) then
     fence = old_fence  -- our own hold (perhaps handed to us), or the one we claim: keep it
   elseif held_until == nil then
     -- A foreign value (not ours, not a classic timestamp): held while it has a TTL, and
@@ -67,6 +75,11 @@ if current then
     fence = math.max(fence, old_fence + 1)
   end
 end
+if stack then
+  local limit, wait = stack_blocked(stack, ARGV[1], now)
+  if limit then return {0, wait, limit} end
+end
 redis.call('SET', KEYS[1], format_value(expiry, flag, ARGV[1], fence, ARGV[3]), 'PX', ttl)
+if stack then stack_take(base(KEYS[1]), stack, ARGV[7], ARGV[1], expiry, ttl) end
 if ARGV[4] == '1' then leave(base(KEYS[1]), KEYS[2], ARGV[1]) end
 return {1, fence, expiry}

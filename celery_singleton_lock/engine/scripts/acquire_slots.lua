@@ -5,9 +5,12 @@
 -- ARGV[1] owner token, ARGV[2] lease ms, ARGV[3] holder info, ARGV[4] mode (as ACQUIRE),
 -- ARGV[5] the longest the caller blocks between tries (ms), ARGV[6] N, ARGV[7] a token
 -- prefix no two slots may share ('' none: a task's deliveries never hold two slots),
--- ARGV[8] (optional) a claimed owner token
+-- ARGV[8] (optional) a claimed owner token ('' none), ARGV[9] (optional) stacked limits
+-- (lib/stack.lua), taken with the slot in this step or not at all
 -- returns {1, fencing token, expiry ms, slot key} when acquired,
---         {0, ms until the first held slot's lease ends (>= 1)} when every slot is held
+--         {0, ms until the first held slot's lease ends (>= 1)} when every slot is held,
+--         {0, ms until a share of it ends (>= 1), limit name} when a slot is free (or
+--         ours) but the weight does not fit in that limit
 -- The highest fencing token issued across the slots is kept in <base>${K_FENCE}.
 -- The cost does not grow with N: the slot index (lib/slots.lua) names the candidates, in
 -- O(log N) each: our own (or the claimed) slot, then the lowest-numbered free slot, then
@@ -21,8 +24,10 @@
 --@include base
 --@include waiters
 --@include slots
+--@include stack
 local now, fence = clock()
-local token, claim, group = ARGV[1], ARGV[8], ARGV[7]
+local token, claim, group = ARGV[1], ARGV[8] ~= '' and ARGV[8] or nil, ARGV[7]
+local stack = stack_spec(ARGV[9])
 local lease = tonumber(ARGV[2])
 local n = tonumber(ARGV[6])
 local ttl = key_ttl(lease)
@@ -154,6 +159,10 @@ end
 
 -- a corrected (perhaps recreated) index outlives the leases it now knows of
 if corrected > 0 then keep_index(b, key_ttl(corrected)) end
+if take and stack then
+  local limit, wait = stack_blocked(stack, token, now)
+  if limit then return {0, wait, limit} end
+end
 if take then
   if kept then
     fence = kept
@@ -170,6 +179,7 @@ if take then
   redis.call('SET', key, format_value(expiry, ARGV[4] == '1' and '1' or '0', token, fence,
     ARGV[3]), 'PX', ttl)
   index_held(b, take, expiry, token, group, ttl, create)
+  if stack then stack_take(b, stack, ARGV[9], token, expiry, ttl) end
   if ARGV[4] == '1' then leave(b, KEYS[2], token) end
   return {1, fence, expiry, key}
 end

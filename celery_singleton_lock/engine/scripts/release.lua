@@ -7,7 +7,9 @@
 -- token issued across slots is kept in <base>${K_FENCE}), ARGV[3] the task id to record in
 -- KEYS[3], ARGV[4] how long it is kept (ms), ARGV[5] (optional) fair_after in ms: hand the
 -- lock over only to a first waiter that has waited that long, else free it and wake them
+-- (0 none), ARGV[6] (optional) '1': the lock has stacked limits (lib/stack.lua)
 -- returns 0 not owned (nothing done), 1 released, 2 released and waiters signalled,
 --         3 handed over to the first live waiter
 --@include release
-return release(KEYS[1], KEYS[2], ARGV[1], ARGV[2], KEYS[3], ARGV[3], ARGV[4], tonumber(ARGV[5]))
+return release(KEYS[1], KEYS[2], ARGV[1], ARGV[2], KEYS[3], ARGV[3], ARGV[4], tonumber(ARGV[5]),
+  ARGV[6] == '1')

@@ -4,8 +4,9 @@
 --@include base
 --@include finished
 --@include slots
+--@include stack
 -- release(lock or slot key, waiters' queue key, owner token, slots, done key, task id,
--- keep ms, fair ms) -> 0 not owned (nothing done), 1 released, 2 released and waiters
+-- keep ms, fair ms, stack) -> 0 not owned (nothing done), 1 released, 2 released and waiters
 -- signalled, 3 handed over to the first live waiter. With fair ms > 0 (eventual fairness,
 -- fair_after) the lock is handed over only once the first waiter has waited that long
 -- (since its first try); before that it is freed and the waiters woken, so a newcomer may
@@ -13,8 +14,10 @@
 -- issued across slots is kept in <base>${K_FENCE}, the slot index follows (lib/slots.lua),
 -- and any waiter is served whatever the flag (ACQUIRE_SLOTS flags no slot: that would
 -- mean writing all N). With a done key (optional), the task id is recorded as finished in
--- the same step (lib/finished.lua).
-local function release(key, queue, token, slots, done_key, task_id, keep, fair)
+-- the same step (lib/finished.lua). With stack (a hold of a lock with stacked limits,
+-- lib/stack.lua) its shares are given back here too; a lock without never reads their
+-- record (a least-privilege user of an older version may not be allowed to).
+local function release(key, queue, token, slots, done_key, task_id, keep, fair, stack)
   local current = redis.call('GET', key)
   if not current then return 0 end
   local flag, fence = owned(current, token)
@@ -24,6 +27,9 @@ local function release(key, queue, token, slots, done_key, task_id, keep, fair)
   end
   -- key may be a slot: the companions' base comes from the queue key
   local b = base_of(queue, '${K_QUEUE}')
+  -- A hold with stacked limits gives its shares back, and never hands the key straight
+  -- to a waiter (that waiter's own weight may not fit): the key is freed and they are woken.
+  local stacked = stack and stack_drop(b, token)
   local slot = nil
   if slots ~= '1' then
     local of, number = slot_of(key)
@@ -35,7 +41,7 @@ local function release(key, queue, token, slots, done_key, task_id, keep, fair)
     done()
     return 1
   end
-  local barge = false
+  local barge = stacked
   if fair and fair > 0 then
     local head = redis.call('ZRANGE', queue, 0, 0, 'WITHSCORES')
     if head[1] then

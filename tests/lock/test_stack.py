@@ -1,0 +1,362 @@
+"""Stacked limits in the engine (``RedisLock(stack=...)``), on a real redis-server: a hold
+takes its key and a share of every limit in one step or nothing; weights count; a number set
+in Redis wins over the code's and a lowered one takes nothing away; a crashed holder's
+shares end with its lease; release gives them back and wakes a waiter held back by them;
+renewal keeps them; planted garbage never reads as room; one round trip per acquire."""
+
+from __future__ import annotations
+
+import random
+import threading
+import time
+import uuid
+from collections.abc import Callable
+
+import pytest
+import redis
+
+from celery_singleton_lock import LockNotOwned, RedisLock
+from celery_singleton_lock.engine.stack import Limit, Stack, stack_base
+from celery_singleton_lock.testing import RedisServer
+
+#: What a new connection of the pool sends before its first command (not a lock's).
+HANDSHAKE = frozenset({"HELLO", "CLIENT", "AUTH", "SELECT"})
+
+
+@pytest.fixture
+def prefix() -> str:
+    """An application prefix no other test uses (its stack keys are its own)."""
+    return f"st{uuid.uuid4().hex[:8]}"
+
+
+def make(client: redis.Redis, prefix: str) -> Callable[..., RedisLock]:
+    """Locks of one application: ``lock(job, tenant=..., weight=..., number=...)`` holds job
+    ``job`` with a share of ``tenant:<tenant>`` (``per_tenant``) and ``global`` (``in_all``)."""
+
+    def lock(
+        job: str,
+        tenant: str = "a",
+        weight: int = 1,
+        per_tenant: int = 3,
+        in_all: int = 4,
+        **kwargs: object,
+    ) -> RedisLock:
+        stack = Stack(
+            stack_base(prefix),
+            (
+                Limit(f"tenant:{tenant}", "tenant:{tenant}", per_tenant),
+                Limit("global", "global", in_all),
+            ),
+            weight,
+        )
+        kwargs.setdefault("timeout", 10)
+        return RedisLock(client, f"{prefix}:job:{job}:{{{prefix}:stack}}", stack=stack, **kwargs)  # type: ignore[arg-type]
+
+    return lock
+
+
+def shares(client: redis.Redis, prefix: str, name: str) -> list[bytes]:
+    return client.zrange(stack_base(prefix) + "limit:" + name, 0, -1)  # type: ignore[return-value]
+
+
+def test_all_or_nothing(client: redis.Redis, prefix: str) -> None:
+    """A tenant that is full holds a run back: its key stays free and the global limit
+    gets no share; the limit that held it back is named."""
+    lock = make(client, prefix)
+    held = [lock(f"j{i}") for i in range(3)]
+    assert all(h.acquire(blocking=False) for h in held)
+    fourth = lock("j3")
+    assert not fourth.acquire(blocking=False)
+    assert fourth.held_back_by == "tenant:a"
+    assert client.get(fourth.name) is None
+    assert len(shares(client, prefix, "global")) == 3
+    other = lock("j4", tenant="b")
+    assert other.acquire(blocking=False)  # another tenant: the global limit has room
+    assert len(shares(client, prefix, "global")) == 4
+    fifth = lock("j5", tenant="c")
+    assert not fifth.acquire(blocking=False)
+    assert fifth.held_back_by == "global"
+    assert shares(client, prefix, "tenant:c") == []
+    for h in (*held, other):
+        h.release()
+    assert shares(client, prefix, "global") == []
+
+
+def test_weights_count_in_every_limit(client: redis.Redis, prefix: str) -> None:
+    """A weight-2 hold takes two of each limit; a second one no longer fits in a tenant of
+    three, a weight-1 one still does."""
+    lock = make(client, prefix)
+    heavy = lock("h1", weight=2)
+    assert heavy.acquire(blocking=False)
+    assert shares(client, prefix, "tenant:a") == [f"2:{heavy.token}".encode()]
+    second = lock("h2", weight=2)
+    assert not second.acquire(blocking=False)
+    assert second.held_back_by == "tenant:a"
+    light = lock("l1")
+    assert light.acquire(blocking=False)
+    too_heavy = lock("h3", tenant="b", weight=5)
+    assert not too_heavy.acquire(blocking=False)  # 5 never fits in 3
+    heavy.release()
+    light.release()
+
+
+def test_a_number_set_in_redis_wins_and_lowering_it_takes_nothing_away(
+    client: redis.Redis, prefix: str
+) -> None:
+    """By name, then by template, then the code's number; lowered below what is held, the
+    holds stay, and new ones wait until the use is under the new number."""
+    lock = make(client, prefix)
+    capacities = stack_base(prefix) + "limits"
+    held = [lock(f"j{i}") for i in range(3)]
+    assert all(h.acquire(blocking=False) for h in held)
+    client.hset(capacities, "tenant:{tenant}", 1)  # every tenant: 1
+    assert all(h.owned() for h in held)
+    for h in held:
+        h.extend()  # renewal keeps a share the lowered number no longer allows
+    b1 = lock("b1", tenant="b")
+    assert b1.acquire(blocking=False)
+    b2 = lock("b2", tenant="b")
+    assert not b2.acquire(blocking=False)  # b1 took tenant b's only place
+    held[0].release()
+    held[1].release()
+    assert not lock("a9").acquire(blocking=False)  # tenant a still uses 1 of 1
+    client.hset(capacities, "tenant:a", 5)  # by name: wins over the template's 1
+    a10 = lock("a10")
+    assert a10.acquire(blocking=False)
+    client.hset(capacities, "tenant:a", "lots")  # garbage: ignored, the template's 1 counts
+    assert not lock("a11").acquire(blocking=False)
+    client.delete(capacities)
+    for h in (held[2], a10, b1):
+        h.release()
+
+
+def test_a_crashed_holders_shares_end_with_its_lease(client: redis.Redis, prefix: str) -> None:
+    """A holder that never releases (nor renews) leaves its shares until its lease ends;
+    then a new hold takes them, and the dead share is gone from the limit."""
+    lock = make(client, prefix)
+    dead = [lock(f"d{i}", timeout=0.5) for i in range(3)]
+    assert all(d.acquire(blocking=False) for d in dead)
+    waiter = lock("w")
+    assert not waiter.acquire(blocking=False)
+    started = time.monotonic()
+    assert waiter.acquire(timeout=5)
+    assert time.monotonic() - started < 3
+    assert shares(client, prefix, "tenant:a") == [f"1:{waiter.token}".encode()]
+    waiter.release()
+
+
+def test_release_wakes_a_waiter_held_back_by_a_limit(client: redis.Redis, prefix: str) -> None:
+    """A waiter held back by the global limit (its own key free) is woken by a release of
+    another key's share, long before its fallback poll."""
+    lock = make(client, prefix)
+    held = [lock(f"g{i}", tenant=f"t{i}") for i in range(4)]
+    assert all(h.acquire(blocking=False) for h in held)
+    waiter = lock("wx", tenant="x", fallback_poll=30)
+    got: list[float] = []
+
+    def wait() -> None:
+        started = time.monotonic()
+        if waiter.acquire(timeout=20):
+            got.append(time.monotonic() - started)
+
+    thread = threading.Thread(target=wait)
+    thread.start()
+    time.sleep(0.5)
+    assert not got
+    held[0].release()
+    thread.join(timeout=20)
+    assert got
+    assert got[0] < 10  # woken, not the 30 s poll nor the 10 s leases
+    waiter.release()
+    for h in held[1:]:
+        h.release()
+
+
+def test_renewal_keeps_the_shares_and_a_lapsed_one_that_no_longer_fits_is_lost(
+    client: redis.Redis, prefix: str
+) -> None:
+    """extend() moves every share's end with the lease. A holder whose lease ran out and
+    whose place was taken meanwhile cannot extend (LockNotOwned), as for a lost key; one
+    whose place is still free gets it back."""
+    lock = make(client, prefix)
+    slow = lock("s", per_tenant=1, timeout=0.5)
+    assert slow.acquire(blocking=False)
+    slow.extend(10)
+    score = client.zscore(stack_base(prefix) + "limit:tenant:a", f"1:{slow.token}")
+    assert score is not None
+    time.sleep(0.6)
+    assert slow.owned()  # renewed: nobody could take the place
+    slow.extend(0.5)
+    time.sleep(0.7)  # its lease ends; its key lingers for its grace, its share is pruned
+    rival = lock("r", per_tenant=1)
+    assert rival.acquire(blocking=False)
+    with pytest.raises(LockNotOwned):
+        slow.extend(10)
+    rival.release()
+    again = lock("s2", per_tenant=1, timeout=0.5)
+    assert again.acquire(blocking=False)
+    time.sleep(0.7)
+    again.extend(10)  # lapsed, but its place is still free: back
+    assert shares(client, prefix, "tenant:a") == [f"1:{again.token}".encode()]
+    again.release()
+
+
+def test_planted_garbage_never_reads_as_room(client: redis.Redis, prefix: str) -> None:
+    """Members of another layout count as weight 1 until their score passes; a record of
+    a hold that is garbage does not stop its release."""
+    lock = make(client, prefix)
+    limit = stack_base(prefix) + "limit:tenant:a"
+    far = int(time.time() * 1000) + 60_000
+    client.zadd(limit, {"garbage": far, "0:zero": far})  # weight 0 is no weight: 1
+    one = lock("one")
+    assert one.acquire(blocking=False)  # 1 + 1 planted: room for 1 of 3
+    assert not lock("two").acquire(blocking=False)
+    one.release()
+    client.zadd(limit, {"garbage": 1})  # its end passed: pruned, room again
+    two = lock("two")
+    assert two.acquire(blocking=False)
+    two.release()
+    client.delete(limit)
+    three = lock("three")
+    assert three.acquire(blocking=False)
+    client.set(f"{three.name}:stack:{three.token}", "{not json")
+    three.release()
+    assert not client.exists(three.name)
+
+
+def test_slots_and_a_stack_together(client: redis.Redis, prefix: str) -> None:
+    """lock_limit=2 per key inside a tenant of 3: the key's two slots fill, the third run
+    of the key waits for a slot, a run of another key takes the tenant's last place."""
+    lock = make(client, prefix)
+    a, b, c = (lock("k", limit=2) for _ in range(3))
+    assert a.acquire(blocking=False)
+    assert b.acquire(blocking=False)
+    assert not c.acquire(blocking=False)
+    assert c.held_back_by is None  # the key's slots, not a limit
+    other = lock("other")
+    assert other.acquire(blocking=False)
+    assert not lock("another").acquire(blocking=False)
+    a.release()
+    assert c.acquire(blocking=False)
+    for h in (b, c, other):
+        h.release()
+    assert shares(client, prefix, "tenant:a") == []
+
+
+def test_exclusion_under_threads(client: redis.Redis, prefix: str) -> None:
+    """Eight threads, 200 holds of random keys, tenants and weights: the weight inside a
+    tenant (limit 3) and in all (limit 4), counted by the holders themselves, never goes over."""
+    lock = make(client, prefix)
+    inside: dict[str, int] = {}
+    peaks: dict[str, int] = {}
+    guard = threading.Lock()
+    over: list[str] = []
+    rounds = iter(range(200))
+
+    def work(seed: int) -> None:
+        rng = random.Random(seed)
+        for _ in rounds:
+            tenant, weight = rng.choice("ab"), rng.choice((1, 1, 2))
+            held = lock(f"k{rng.randrange(20)}", tenant=tenant, weight=weight)
+            if not held.acquire(timeout=20):
+                over.append("timeout")
+                continue
+            with guard:
+                for name, most in ((tenant, 3), ("all", 4)):
+                    inside[name] = inside.get(name, 0) + weight
+                    peaks[name] = max(peaks.get(name, 0), inside[name])
+                    if inside[name] > most:
+                        over.append(name)
+            time.sleep(rng.uniform(0, 0.004))
+            with guard:
+                for name in (tenant, "all"):
+                    inside[name] -= weight
+            held.release()
+
+    threads = [threading.Thread(target=work, args=(seed,)) for seed in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=120)
+    assert not over
+    assert peaks["all"] == 4  # it was full at some moment: the test could have seen more
+
+
+def test_an_acquire_is_one_round_trip(fresh_server: RedisServer) -> None:
+    """Taking the key and a share of three limits is one command from the client (one
+    EVALSHA; MONITOR lists what clients send, and what scripts run marked as theirs)."""
+    with redis.Redis.from_url(fresh_server.url) as client:
+        base = stack_base("rt")
+        stack = Stack(base, tuple(Limit(f"l{i}", f"l{i}", 5) for i in range(3)), 2)
+        lock = RedisLock(client, "rt:job:{rt:stack}", stack=stack)
+        assert lock.acquire(blocking=False)  # loads the script
+        lock.release()
+        seen: list[str] = []
+        with client.monitor() as monitor:
+            listening = threading.Event()
+
+            def watch() -> None:
+                listening.set()
+                for event in monitor.listen():
+                    command = str(event["command"])
+                    if command.startswith("SET rt:done"):
+                        return
+                    name = command.split(" ", 1)[0]
+                    if event.get("client_type") != "lua" and name not in HANDSHAKE:
+                        seen.append(name)
+
+            thread = threading.Thread(target=watch)
+            thread.start()
+            listening.wait(5)
+            time.sleep(0.2)
+            assert lock.acquire(blocking=False)  # on the client's connection, already open
+            client.set("rt:done", 1)
+            thread.join(timeout=10)
+        assert seen == ["EVALSHA"], seen
+        lock.release()
+
+
+def test_a_stack_needs_its_tag_and_scripts(client: redis.Redis, prefix: str) -> None:
+    """A lock name without the stack's hash tag, or the plain protocol, is refused."""
+    stack = Stack(stack_base(prefix), (Limit("g", "g", 1),))
+    with pytest.raises(ValueError, match="hash tag"):
+        RedisLock(client, f"{prefix}:job:{{other}}", stack=stack)
+    with pytest.raises(ValueError, match="scripting"):
+        RedisLock(client, f"{prefix}:job:{{{prefix}:stack}}", stack=stack, scripting=False)
+    with pytest.raises(ValueError, match="weight"):
+        Stack(stack_base(prefix), (Limit("g", "g", 1),), 0)
+
+
+def test_a_lost_runs_cleanup_gives_the_shares_back(client: redis.Redis, prefix: str) -> None:
+    """An owner-checked release by another instance that only knows the key and the owner
+    token (how a lost run's lock is freed, and `locks reap`) gives back every share: the
+    key's name says it is stacked."""
+    lock = make(client, prefix)
+    held = lock("lost", weight=2)
+    assert held.acquire(blocking=False)
+    assert held.token is not None
+    cleanup = RedisLock(client, held.name, token=held.token)
+    cleanup.extend(20)  # renews the shares too
+    assert client.zscore(stack_base(prefix) + "limit:global", f"2:{held.token}") is not None
+    cleanup.release()
+    assert shares(client, prefix, "tenant:a") == []
+    assert shares(client, prefix, "global") == []
+
+
+def test_locks_without_a_stack_never_touch_stack_keys(fresh_server: RedisServer) -> None:
+    """A user allowed only the keys of locks as they were before stacks (no ``stack:``
+    record, no stack tag) still acquires, extends and releases plain and slotted locks:
+    no script of theirs reads a stack's keys."""
+    with redis.Redis.from_url(fresh_server.url) as admin:
+        admin.execute_command(
+            "ACL", "SETUSER", "old", "on", ">pw", "resetkeys", "~app:*}", "~app:*}:signal",
+            "~app:*}:queue", "~app:*}:waiter:*", "~app:*}:grant:*", "~app:*}:slot:*",
+            "~app:*}:slots", "~app:*}:owners", "~app:*}:fence", "+@all",
+        )  # fmt: skip
+        url = fresh_server.url.replace("redis://", "redis://old:pw@")
+        with redis.Redis.from_url(url) as user:
+            for limit in (1, 3):
+                lock = RedisLock(user, f"app:job:{{{limit}}}", limit=limit)
+                assert lock.acquire(blocking=False)
+                lock.extend(5)
+                lock.release()

@@ -1,0 +1,96 @@
+"""The Celery project of tests/worker/test_stack.py: exports limited to one per report,
+two (weighted) per tenant and five in all, as ``lock_limits`` stacks them. Every body
+records, in the data Redis and in one step each, how much weight is inside per tenant and
+in all, and the highest it ever saw, so the test can prove the limits held."""
+
+from __future__ import annotations
+
+import os
+import time
+from typing import Any
+
+import redis
+from celery import Celery
+
+from celery_singleton_lock import LockedTask
+
+BROKER = os.environ.get("CSL_BROKER_URL", "redis://127.0.0.1:6379/0")
+
+app = Celery("stack_proj", broker=BROKER, backend=os.environ.get("CSL_BACKEND_URL"))
+app.conf.update(
+    task_default_queue="csl-stack",
+    worker_prefetch_multiplier=1,
+    task_acks_late=True,
+    broker_connection_retry_on_startup=True,
+    result_expires=600,
+    result_backend_transport_options={"retry_policy": {"max_retries": 2, "interval_max": 0.2}},
+)
+
+#: The numbers the code gives the limits (the tests lower them in Redis).
+PER_TENANT = 2
+IN_ALL = 5
+
+_data: redis.Redis | None = None
+_data_pid = 0
+
+# Enter: add the weight to the tenant's and the global count, and raise the peaks; one
+# script, so a concurrent body never reads a half-made update.
+_ENTER = """
+local t = redis.call('INCRBY', KEYS[1], ARGV[1])
+local g = redis.call('INCRBY', KEYS[2], ARGV[1])
+local r = redis.call('INCR', KEYS[5])
+if tonumber(redis.call('GET', KEYS[3]) or 0) < t then redis.call('SET', KEYS[3], t) end
+if tonumber(redis.call('GET', KEYS[4]) or 0) < g then redis.call('SET', KEYS[4], g) end
+if r > 1 then redis.call('INCR', 'report-overlap') end
+return {t, g}
+"""
+
+
+def data() -> redis.Redis:
+    """A client of the data Redis for this process (recreated after fork)."""
+    global _data, _data_pid  # noqa: PLW0603 - one lazily built client per process
+    if _data is None or _data_pid != os.getpid():
+        _data = redis.Redis.from_url(BROKER)
+        _data_pid = os.getpid()
+    return _data
+
+
+def _section(report: str, tenant: str, weight: int, seconds: float) -> str:
+    r = data()
+    keys = [f"in:{tenant}", "in:all", f"peak:{tenant}", "peak:all", f"in-report:{report}"]
+    r.eval(_ENTER, len(keys), *keys, weight)
+    r.rpush(f"pids:{tenant}", os.getpid())
+    time.sleep(seconds)
+    with r.pipeline(transaction=True) as leave:
+        leave.decrby(f"in:{tenant}", weight)
+        leave.decrby("in:all", weight)
+        leave.decr(f"in-report:{report}")
+        leave.incr("done")
+        leave.execute()
+    return "ran"
+
+
+def _size_weight(report: str, tenant: str, size: int = 1, seconds: float = 0.0) -> int:
+    """A big export counts double."""
+    del report, tenant, seconds
+    return 2 if size > 100 else 1
+
+
+@app.task(base=LockedTask, lock_keys=["report"], lock_on_conflict="wait", lock_wait=600,
+          lock_timeout=3, lock_limits=[("tenant:{tenant}", PER_TENANT), ("global:exports", IN_ALL)],
+          lock_weight=_size_weight)  # fmt: skip
+def export(report: str, tenant: str, size: int = 1, seconds: float = 0.0) -> str:
+    """One export: at most one per report, PER_TENANT weight per tenant, IN_ALL in all."""
+    return _section(report, tenant, _size_weight(report, tenant, size), seconds)
+
+
+@app.task(base=LockedTask, lock_keys=["report"], lock_on_conflict="skip", lock_timeout=3,
+          lock_limits=[("tenant:{tenant}", PER_TENANT), ("global:exports", IN_ALL)])  # fmt: skip
+def export_or_skip(report: str, tenant: str, seconds: float = 0.0) -> str:
+    """As export, weight 1, skipped when a limit is full."""
+    return _section(report, tenant, 1, seconds)
+
+
+def weight_of(*args: Any, **kwargs: Any) -> int:
+    """The weight export gives a call (for the tests)."""
+    return _size_weight(*args, **kwargs)

@@ -1,0 +1,134 @@
+"""Stacked limits (lock_limits, lock_weight) on real workers: one export per report, two
+(weighted) per tenant, five in all. Across three workers and 1,000 runs the limits are never
+exceeded, a limit lowered in Redis holds new runs back without a restart, a SIGKILLed run's
+shares come back in every limit, and a run held back by a limit meets its conflict policy."""
+
+from __future__ import annotations
+
+import importlib
+import os
+import signal
+import time
+from types import ModuleType
+from typing import Any
+
+import pytest
+import redis
+
+from celery_singleton_lock.engine.stack import stack_base
+from celery_singleton_lock.testing import RedisServer
+from tests.worker.conftest import wait_for
+
+pytestmark = pytest.mark.slow
+
+APP = "tests.worker.stack_proj"
+
+
+@pytest.fixture(scope="module")
+def sp(worker_redis: RedisServer) -> ModuleType:
+    """The stack project, pointed at the session's server."""
+    os.environ["CSL_BROKER_URL"] = worker_redis.url
+    os.environ["CSL_BACKEND_URL"] = worker_redis.url.replace("/0", "/1")
+    return importlib.import_module(APP)
+
+
+def _peaks(data: redis.Redis, tenants: int) -> dict[str, int]:
+    names = [f"peak:t{i}" for i in range(tenants)] + ["peak:all"]
+    return {name: int(data.get(name) or 0) for name in names}
+
+
+def test_a_thousand_runs_never_exceed_a_limit(
+    sp: ModuleType, data: redis.Redis, workers: Any
+) -> None:
+    """1,000 exports of 40 reports over 4 tenants, one in four heavy (weight 2), on three
+    prefork workers of three processes: the weight inside a tenant never passes 2 and in all
+    never passes 5, both limits were full at some moment, no report ran twice at once, and
+    every run ended."""
+    for _ in range(3):
+        workers(concurrency=3, app=APP)
+    results = [
+        sp.export.delay(f"r{i % 40}", f"t{i % 4}", 500 if i % 4 == 0 else 5, 0.01)
+        for i in range(1000)
+    ]
+    assert wait_for(lambda: int(data.get("done") or 0) == 1000, timeout=420, interval=0.5), (
+        data.get("done")
+    )
+    peaks = _peaks(data, 4)
+    assert all(peaks[f"peak:t{i}"] <= 2 for i in range(4)), peaks
+    assert peaks["peak:all"] == 5, peaks  # full at some moment: more would have been seen
+    assert max(peaks[f"peak:t{i}"] for i in range(4)) == 2
+    assert data.get("report-overlap") is None
+    assert all(result.get(timeout=30) == "ran" for result in results[-10:])
+    base = stack_base("csl")
+    assert data.zcard(base + "limit:global:exports") == 0  # every share given back
+
+
+def test_a_lowered_limit_holds_new_runs_back_without_a_restart(
+    sp: ModuleType, data: redis.Redis, workers: Any
+) -> None:
+    """`locks limit set tenant:{tenant} 1` while two runs of tenant t0 are inside: both go
+    on; from then on tenant t0 has one run at a time, and after `unset` two again."""
+    workers(concurrency=4, app=APP)
+    capacities = stack_base("csl") + "limits"
+    first = [sp.export.delay(f"a{i}", "t0", 1, 2.0) for i in range(2)]
+    assert wait_for(lambda: int(data.get("in:t0") or 0) == 2, timeout=30)
+    data.hset(capacities, "tenant:{tenant}", 1)
+    for result in first:
+        assert result.get(timeout=30) == "ran"  # lowering stops nothing
+    data.delete("peak:t0")
+    later = [sp.export.delay(f"b{i}", "t0", 1, 0.3) for i in range(4)]
+    for result in later:
+        assert result.get(timeout=60) == "ran"
+    assert int(data.get("peak:t0") or 0) == 1
+    data.hdel(capacities, "tenant:{tenant}")
+    data.delete("peak:t0")
+    again = [sp.export.delay(f"c{i}", "t0", 1, 1.0) for i in range(4)]
+    for result in again:
+        assert result.get(timeout=60) == "ran"
+    assert int(data.get("peak:t0") or 0) == 2
+
+
+def test_a_killed_runs_shares_come_back_in_every_limit(
+    sp: ModuleType, data: redis.Redis, workers: Any
+) -> None:
+    """A heavy run (weight 2) fills tenant t1 and part of the global budget; its pool
+    process is SIGKILLed. A new heavy run of t1 gets in within the dead run's 3 s lease
+    (plus slack), and the dead run's share is gone from both limits."""
+    worker = workers(concurrency=3, app=APP)
+    victim_run = sp.export.delay("k1", "t1", 500, 60.0)
+    assert wait_for(lambda: data.llen("pids:t1") == 1, timeout=30)
+    victim = int(data.lindex("pids:t1", 0) or 0)
+    assert victim in worker.children()
+    base = stack_base("csl")
+    assert data.zcard(base + "limit:tenant:t1") == 1
+    os.kill(victim, signal.SIGKILL)
+    killed = time.monotonic()
+    data.decrby("in:t1", 2)  # the killed run never leaves its section: count it out
+    data.decrby("in:all", 2)
+    data.decr("in-report:k1")
+    nxt = sp.export.delay("k2", "t1", 500, 0.0)
+    assert nxt.get(timeout=60) == "ran"
+    assert time.monotonic() - killed < 3.0 + 2.0
+    assert int(data.get("peak:t1") or 0) == 2
+    assert data.zcard(base + "limit:tenant:t1") == 0
+    assert data.zcard(base + "limit:global:exports") == 0
+    victim_run.forget()
+
+
+def test_a_run_held_back_by_a_limit_meets_its_policy(
+    sp: ModuleType, data: redis.Redis, workers: Any
+) -> None:
+    """With tenant t2 full, a skip-policy export of another report of t2 is skipped (its
+    own key was free), while one of tenant t3 runs."""
+    workers(concurrency=4, app=APP)
+    capacities = stack_base("csl") + "limits"
+    data.hset(capacities, "tenant:t2", 1)
+    holder = sp.export.delay("s1", "t2", 1, 3.0)
+    assert wait_for(lambda: int(data.get("in:t2") or 0) == 1, timeout=30)
+    skipped = sp.export_or_skip.delay("s2", "t2")
+    assert skipped.get(timeout=30) is None
+    assert int(data.get("done") or 0) == 0
+    other = sp.export_or_skip.delay("s3", "t3")
+    assert other.get(timeout=30) == "ran"
+    assert holder.get(timeout=30) == "ran"
+    data.delete(capacities)
