@@ -35,7 +35,7 @@ from celery_singleton_lock._observe import (  # noqa: E402
     skip_record_key,
 )
 from celery_singleton_lock.engine.keyspace import SUFFIXES  # noqa: E402
-from celery_singleton_lock.engine.stack import stack_base
+from celery_singleton_lock.engine.stack import stack_base  # noqa: E402
 from celery_singleton_lock.modes import policies_markdown  # noqa: E402
 from celery_singleton_lock.modes.parking import parking_index  # noqa: E402
 from celery_singleton_lock.ops import cli  # noqa: E402
