@@ -77,7 +77,8 @@ lock_conflict = Signal(name="lock_conflict")
 ``"wait"`` (sent as the wait starts), ``"retry"`` or ``"raise"``; a publish also
 ``"coalesce"``, ``"replace"`` or ``"debounce"`` (a later call of an open burst). Sender: the
 task. Keyword arguments: ``key``, ``task_id`` (None for a publish: nothing was published),
-``holder_task_id`` (None when unknown), ``policy``, ``scope``."""
+``holder_task_id`` (None when unknown), ``policy``, ``scope``, ``limit`` (the stacked limit,
+``lock_limits``, that had no room for the run while its key was free; else None)."""
 
 lock_renewed = Signal(name="lock_renewed")
 """A run's lease was extended (by the renewer thread, or by the task's own ``extend()``).
@@ -218,9 +219,11 @@ def conflict(
     scope: str,
     holder_task_id: str | None = None,
     lock: RedisLock | None = None,
+    limit: str | None = None,
 ) -> None:
-    """A run or publish found ``key`` held and applies ``policy``. When the holder is not
-    known yet and someone listens, ``lock`` is asked who holds it (one read)."""
+    """A run or publish found ``key`` held (or a stacked ``limit`` full) and applies
+    ``policy``. When the holder is not known yet and someone listens, ``lock`` is asked who
+    holds it (one read)."""
     if not lock_conflict.receivers:
         return
     if holder_task_id is None and lock is not None:
@@ -237,6 +240,7 @@ def conflict(
         holder_task_id=holder_task_id,
         policy=policy,
         scope=scope,
+        limit=limit,
     )
 
 

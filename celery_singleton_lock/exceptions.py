@@ -92,8 +92,9 @@ class TaskLocked(SingletonLockError):
     ``explanation``, when the runtime could read it as the conflict happened, is why the
     key was held then: a plain dict (``Explanation.as_json()`` of
     :mod:`celery_singleton_lock.explain`: its holders, waiters, parked calls, follow-up,
-    throttle and debounce burst), so it pickles and crosses a JSON result backend; read
-    it back with ``Explanation.from_json(exc.explanation)``. None when not known.
+    throttle and debounce burst, stacked limits), so it pickles and crosses a JSON result
+    backend; read it back with ``Explanation.from_json(exc.explanation)``. None when not
+    known.
     """
 
     def __init__(

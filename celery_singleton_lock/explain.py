@@ -45,6 +45,7 @@ from celery_singleton_lock.engine.keyspace import (
     WAITER,
     companion_key,
 )
+from celery_singleton_lock.engine.stack import Stack
 from celery_singleton_lock.engine.value import LockValue, parse_value
 from celery_singleton_lock.engine.wire import LockClient, call, server_time, time_reply
 from celery_singleton_lock.exceptions import LockError
@@ -62,6 +63,7 @@ __all__ = [
     "FollowUp",
     "Handed",
     "Held",
+    "LimitUse",
     "Parked",
     "Throttle",
     "Waiter",
@@ -76,7 +78,7 @@ MOST = 50
 #: The same, for the explanation a conflict attaches to a ``TaskLocked`` or a skip record.
 CONFLICT_MOST = 10
 #: The states of a key, as :attr:`Explanation.state` names them.
-STATES = ("free", "held", "held after success", "parked", "throttled", "debouncing")
+STATES = ("free", "held", "held after success", "parked", "throttled", "debouncing", "limited")
 #: A lease written less than this after the hold began is its first, not a renewal (ms).
 _RENEWAL_SLACK_MS = 50
 _WAITER_VALUE = re.compile(r"(\d+)(?:/[^:]*)?:(.*)", re.DOTALL)
@@ -253,6 +255,34 @@ class Throttle:
 
 
 @dataclass(frozen=True)
+class LimitUse:
+    """One stacked limit of the call (``lock_limits``): its rendered ``name``, the
+    ``number`` that applies now (``source`` says where it came from: ``"name"`` or
+    ``"template"`` when set in Redis, ``"code"``), the weight ``used`` by ``holds`` live
+    shares, the call's own ``weight``, and whether it ``fits`` now."""
+
+    name: str
+    template: str
+    number: int
+    source: str
+    used: int
+    holds: int
+    weight: int
+
+    @property
+    def fits(self) -> bool:
+        return self.used + self.weight <= self.number
+
+    def describe(self) -> str:
+        text = (
+            f"{self.name}: {self.used} of {self.number} used by {self.holds} "
+            f"hold{'s' if self.holds != 1 else ''} (number from {self.source})"
+        )
+        verdict = "fits" if self.fits else "does not fit"
+        return text + f"; this call's weight {self.weight} {verdict}"
+
+
+@dataclass(frozen=True)
 class Burst:
     """The key's debounce burst: its task id, how many ``calls`` it gathered, its first
     call and the time its run is due (server time, Unix seconds; ``due_in`` seconds from
@@ -285,7 +315,8 @@ class Explanation:
     seconds).
 
     ``state`` is the first of ``states`` (``"free"`` when none applies): ``"held"`` or
-    ``"held after success"``, ``"parked"``, ``"throttled"``, ``"debouncing"``. ``holders``
+    ``"held after success"``, ``"parked"``, ``"throttled"``, ``"debouncing"``, ``"limited"``
+    (a stacked limit of the call has no room for its weight: ``limits``). ``holders``
     are the holds (one per slot held; an expired one, whose key the next call takes over,
     is listed too), ``slots`` the key's ``lock_limit`` and ``slots_held`` how many are
     held. ``waiters``, ``parked`` and ``handed`` list at most a bound of each, in turn
@@ -308,6 +339,7 @@ class Explanation:
     follow_up: FollowUp | None = None
     throttle: Throttle | None = None
     debounce: Burst | None = None
+    limits: tuple[LimitUse, ...] = ()
     states: tuple[str, ...] = field(default=())
 
     @property
@@ -338,6 +370,7 @@ class Explanation:
             "follow_up": _fields(self.follow_up) if self.follow_up else None,
             "throttle": _fields(self.throttle) if self.throttle else None,
             "debounce": _fields(self.debounce) if self.debounce else None,
+            "limits": [{**_fields(use), "fits": use.fits} for use in self.limits],
         }
 
     @classmethod
@@ -360,6 +393,10 @@ class Explanation:
             follow_up=FollowUp(**data["follow_up"]) if data.get("follow_up") else None,
             throttle=Throttle(**data["throttle"]) if data.get("throttle") else None,
             debounce=Burst(**data["debounce"]) if data.get("debounce") else None,
+            limits=tuple(
+                LimitUse(**{name: value for name, value in use.items() if name != "fits"})
+                for use in data.get("limits") or ()
+            ),
             states=tuple(data.get("states") or ()),
         )
 
@@ -381,6 +418,7 @@ class Explanation:
             lines.append(("Throttle", self.throttle.describe()))
         if self.debounce is not None:
             lines.append(("Debounce", self.debounce.describe()))
+        lines.extend(("Limit", use.describe()) for use in self.limits)
         width = max(len(label) for label, _ in lines) + 2
         return "\n".join(f"{label:<{width}}{text}".rstrip() for label, text in lines)
 
@@ -612,12 +650,18 @@ def _read_second(
     now_ms: int,
     limit: int,
     rate: str | None,
+    stack: Stack | None = None,
 ) -> dict[str, list[Any]]:
     """What depends on the first round trip (or on the clock), in one more: each listed
     waiter's place, the parked calls' records, the slots held, the burst's latest call and
     whether it finished, the starts in the rate's window. Replies by what they are."""
     pipe = _pipeline(client)
     reads: list[str] = []
+    if stack is not None:
+        for limit_of in stack.limits:
+            pipe.zrangebyscore(stack.limit_key(limit_of.name), f"({now_ms}", "+inf")
+            pipe.hmget(stack.capacities, [limit_of.name, limit_of.template])
+            reads += ["limit_shares", "limit_set"]
     for token in first.tokens:
         pipe.get(companion_key(key, WAITER + token))
         reads.append("waiter")
@@ -655,6 +699,7 @@ def explain_key(
     *,
     task: str | None = None,
     most: int = MOST,
+    stack: Stack | None = None,
 ) -> Explanation:
     """Read why lock ``key`` blocks (see :class:`Explanation`), on the server's clock.
 
@@ -663,7 +708,8 @@ def explain_key(
     rate. ``task`` is the task's name. At most ``most`` waiters, parked calls, handed calls
     and slot holders are listed. Two round trips at most (one when the key has nothing
     but a holder; a Redis Cluster adds one for ``TIME``); a Redis error raises
-    ``LockBackendError``.
+    ``LockBackendError``. ``stack``: the call's stacked limits (``lock_limits``), each
+    read in the second round trip (its keys share the key's hash slot) and listed.
     """
     limit = options.limit if options is not None else 1
     rate = options.rate_limit if options is not None else None
@@ -673,7 +719,9 @@ def explain_key(
     }
     now, first = _read_first(client, key, names, limit, most)
     now_ms, now_us = now
-    got = _read_second(client, key, names, first, now_ms=now_ms, limit=limit, rate=rate)
+    got = _read_second(
+        client, key, names, first, now_ms=now_ms, limit=limit, rate=rate, stack=stack
+    )
     numbers = first.slot_numbers(limit)
     slot_keys = [companion_key(key, f"{SLOT}{number}") for number in numbers]
     found = [
@@ -710,6 +758,7 @@ def explain_key(
         follow_up=_follow_up(first.pending),
         throttle=_throttle(rate, got, now_ms) if rate is not None else None,
         debounce=_burst(first.burst, got, now_ms) if first.burst_id else None,
+        limits=_limits(stack, got, now_ms) if stack is not None else (),
     )
 
 
@@ -799,6 +848,45 @@ def _burst(burst: list[Any], got: dict[str, list[Any]], now_ms: int) -> Burst:
     )
 
 
+def _set_number(value: object) -> int | None:
+    """A number set in Redis as the scripts read it: a whole number >= 0, else None."""
+    text = _text(value)
+    try:
+        number = float(text) if text is not None else None
+    except ValueError:
+        return None
+    if number is None or number < 0 or number != int(number):
+        return None
+    return int(number)
+
+
+def _limits(stack: Stack, got: dict[str, list[Any]], now_ms: int) -> tuple[LimitUse, ...]:
+    """Each stacked limit as the acquire script judges it now (lib/stack.lua): the live
+    shares' weights (a member of another layout weighs 1), the number by name, template,
+    else code."""
+    del now_ms  # the read asked for live shares only
+    uses = []
+    for limit, shares, numbers in zip(
+        stack.limits, got.get("limit_shares", []), got.get("limit_set", []), strict=True
+    ):
+        used = 0
+        for member in shares:
+            head = (_text(member) or "").split(":", 1)[0]
+            used += int(head) if head.isdigit() and int(head) >= 1 else 1
+        by_name, by_template = (_set_number(value) for value in numbers)
+        number, source = (
+            (by_name, "name")
+            if by_name is not None
+            else (by_template, "template")
+            if by_template is not None
+            else (limit.number, "code")
+        )
+        uses.append(
+            LimitUse(limit.name, limit.template, number, source, used, len(shares), stack.weight)
+        )
+    return tuple(uses)
+
+
 def _explanation(key: str, now: tuple[int, int], **parts: Any) -> Explanation:
     """The explanation with its states, from what was read."""
     holders: tuple[Held, ...] = parts["holders"]
@@ -815,17 +903,26 @@ def _explanation(key: str, now: tuple[int, int], **parts: Any) -> Explanation:
     burst: Burst | None = parts["debounce"]
     if burst is not None and burst.pending:
         states.append("debouncing")
+    if any(not use.fits for use in parts["limits"]):
+        states.append("limited")
     return Explanation(key=key, now=round(now[0] / 1000, 3), states=tuple(states), **parts)
 
 
 def conflict_explanation(
-    client: LockClient, key: str, options: LockOptions, *, task: str | None = None
+    client: LockClient,
+    key: str,
+    options: LockOptions,
+    *,
+    task: str | None = None,
+    stack: Stack | None = None,
 ) -> dict[str, Any] | None:
     """The explanation of ``key`` as a plain dict, for a ``TaskLocked`` or a skip record:
     read only when a conflict happened (two round trips at most), and never an error of
     its own (None when Redis could not say)."""
     try:
-        return explain_key(client, key, options, task=task, most=CONFLICT_MOST).as_json()
+        return explain_key(
+            client, key, options, task=task, most=CONFLICT_MOST, stack=stack
+        ).as_json()
     except (LockError, ValueError) as exc:
         log.debug("could not explain why %s is held: %s", key, exc)
         return None

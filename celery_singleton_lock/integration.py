@@ -229,15 +229,16 @@ class ConfigLocks:
 def lock_explain_method(self: Any, *args: Any, **kwargs: Any) -> Explanation:
     """Why a call with these arguments would be blocked now: who holds its key (task id,
     host/pid, since when, lease left, fencing token), who waits and in which order, what is
-    parked, pending, throttled or debouncing there (see
+    parked, pending, throttled or debouncing there, and how full its stacked limits are (see
     :class:`celery_singleton_lock.explain.Explanation`), read from the lock Redis on its
     clock in two round trips at most. Installed as ``task.lock_explain`` on every locked
     task."""
     key = runtime.lock_key_method(self, *args, **kwargs)  # not locked: ImproperlyConfigured
     locking = runtime.locking_for(self)
     options = locking.options if locking is not None else None
+    stack = locking.stack(args, kwargs) if locking is not None else None
     client = redis_for(self.app, settings_for(self.app).url)
-    return explain_key(client, key, options, task=self.name)
+    return explain_key(client, key, options, task=self.name, stack=stack)
 
 
 def _apply(cls: Any, annotation: Mapping[str, Any]) -> None:

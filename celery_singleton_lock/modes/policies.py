@@ -89,7 +89,35 @@ def tell(run: Run, policy: str, holder: Holder | None) -> None:
         policy=policy,
         scope=run.options.scope,
         holder_task_id=holder.task_id if holder else None,
+        limit=held_back_by(run, holder),
     )
+
+
+def held_back_by(run: Run, holder: Holder | None) -> str | None:
+    """The stacked limit that held ``run`` back while its key was free (None when the key
+    was held, or the task has no ``lock_limits``)."""
+    return run.lock.held_back_by if holder is None else None
+
+
+def explain_run(run: Run) -> dict[str, Any] | None:
+    """Why the run's key (and its stacked limits) held it back, for a ``TaskLocked`` or a
+    skip record."""
+    return conflict_explanation(
+        run.client, run.key, run.options, task=run.task.name, stack=run.lock.stack
+    )
+
+
+def locked(run: Run, holder: Holder | None, explanation: dict[str, Any] | None) -> TaskLocked:
+    """The ``TaskLocked`` of a run that did not get its key: held by ``holder``, or free
+    but a stacked limit full (the message names it)."""
+    limit = held_back_by(run, holder)
+    if limit is not None:
+        message = (
+            f"lock {run.key!r} is free, but stacked limit {limit!r} has no room for this run "
+            "(lock_limits)"
+        )
+        return TaskLocked(run.key, None, message, explanation=explanation)
+    return TaskLocked(run.key, holder.task_id if holder else None, explanation=explanation)
 
 
 #: ``apply_async`` options that tie a call to a canvas waiting for it: its chain's next
@@ -156,7 +184,19 @@ class Skip(ConflictPolicy):
 
     def conflict(self, run: Run, holder: Holder | None) -> Any:
         holder_id = holder.task_id if holder else None
-        log.info("%s[%s] skipped: %s is held by %s", run.task.name, run.task_id, run.key, holder_id)
+        limit = held_back_by(run, holder)
+        if limit is not None:
+            log.info(
+                "%s[%s] skipped: stacked limit %s of %s is full",
+                run.task.name,
+                run.task_id,
+                limit,
+                run.key,
+            )
+        else:
+            log.info(
+                "%s[%s] skipped: %s is held by %s", run.task.name, run.task_id, run.key, holder_id
+            )
         tell(run, "skip", holder)
         observe.skipped(
             run.task,
@@ -165,7 +205,7 @@ class Skip(ConflictPolicy):
             key=run.key,
             task_id=run.task_id,
             holder_task_id=holder_id,
-            explanation=conflict_explanation(run.client, run.key, run.options, task=run.task.name),
+            explanation=explain_run(run),
         )
         return None
 
@@ -179,7 +219,7 @@ class Skip(ConflictPolicy):
             task_id=run.task_id,
             holder_task_id=None,
             reason="throttled",
-            explanation=conflict_explanation(run.client, run.key, run.options, task=run.task.name),
+            explanation=explain_run(run),
         )
         return False
 
@@ -197,8 +237,7 @@ class Retry(ConflictPolicy):
 
     def conflict(self, run: Run, holder: Holder | None) -> Any:
         tell(run, "retry", holder)
-        exc = TaskLocked(run.key, holder.task_id if holder else None)
-        raise run.retry(exc, run.countdown(holder), counted=self.counted)
+        raise run.retry(locked(run, holder, None), run.countdown(holder), counted=self.counted)
 
     def throttled(self, run: Run, retry_in: float) -> bool:
         if run.eager:
@@ -235,13 +274,18 @@ class Wait(ConflictPolicy):
             return True
         _log_wait(run)
         observe.conflict(
-            run.task, run.key, run.task_id, policy="wait", scope=run.options.scope, lock=run.lock
+            run.task,
+            run.key,
+            run.task_id,
+            policy="wait",
+            scope=run.options.scope,
+            lock=run.lock,
+            limit=run.lock.held_back_by,
         )
         return run.lock.acquire(blocking=True, timeout=run.options.wait)
 
     def conflict(self, run: Run, holder: Holder | None) -> Any:
-        explanation = conflict_explanation(run.client, run.key, run.options, task=run.task.name)
-        raise TaskLocked(run.key, holder.task_id if holder else None, explanation=explanation)
+        raise locked(run, holder, explain_run(run))
 
     def throttled(self, run: Run, retry_in: float) -> bool:
         limit = run.options.wait
@@ -261,7 +305,12 @@ def _log_wait(run: Run) -> None:
     worker that waits minutes does not look hung."""
     if not log.isEnabledFor(logging.INFO):
         return
-    held_by = describe_holder(run.lock.holder())
+    limit_name = run.lock.held_back_by
+    held_by = (
+        f"nobody; stacked limit {limit_name} is full"
+        if limit_name is not None
+        else describe_holder(run.lock.holder())
+    )
     limit = run.options.wait
     log.info(
         "%s[%s] waiting for lock %s held by %s (%s)",
@@ -283,8 +332,7 @@ class Raise(ConflictPolicy):
 
     def conflict(self, run: Run, holder: Holder | None) -> Any:
         tell(run, "raise", holder)
-        explanation = conflict_explanation(run.client, run.key, run.options, task=run.task.name)
-        raise TaskLocked(run.key, holder.task_id if holder else None, explanation=explanation)
+        raise locked(run, holder, explain_run(run))
 
     def throttled(self, run: Run, retry_in: float) -> bool:
         run.give_back()

@@ -76,7 +76,8 @@ def explain_task(
         )
     key = locking.key(list(args), kwargs)
     client = locking.client(task.app)
-    return explain_key(client, key, locking.options, task=task.name, most=most)
+    stack = locking.stack(list(args), kwargs)
+    return explain_key(client, key, locking.options, task=task.name, most=most, stack=stack)
 
 
 def render(explanation: Explanation, *, as_json: bool = False) -> str:

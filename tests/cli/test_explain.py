@@ -35,7 +35,7 @@ Cli = Callable[..., "subprocess.CompletedProcess[str]"]
 #: The top-level fields of ``--json``.
 FIELDS = {
     "key", "task", "state", "states", "now", "slots", "holders", "waiters", "waiting",
-    "parked", "parked_total", "handed", "follow_up", "throttle", "debounce",
+    "parked", "parked_total", "handed", "follow_up", "throttle", "debounce", "limits",
 }  # fmt: skip
 HOLDER_FIELDS = {
     "key", "slot", "state", "task_id", "task", "host", "pid", "since", "age", "lease_left",
@@ -138,6 +138,7 @@ def test_a_free_key_as_text_and_json(cli: Cli, client: redis.Redis) -> None:
         "follow_up": None,
         "throttle": None,
         "debounce": None,
+        "limits": [],
     }
     negative = _explain(cli, "shop.export", "-5")  # an option-like argument is a value
     assert negative["key"] == _key(cli, "shop.export", [-5])

@@ -91,6 +91,14 @@ def export_or_skip(report: str, tenant: str, seconds: float = 0.0) -> str:
     return _section(report, tenant, 1, seconds)
 
 
+@app.task(base=LockedTask, lock_keys=["report"], lock_on_conflict="raise", lock_timeout=3,
+          lock_limits=[("tenant:{tenant}", PER_TENANT), ("global:exports", IN_ALL)],
+          lock_weight=_size_weight)  # fmt: skip
+def export_or_raise(report: str, tenant: str, size: int = 1, seconds: float = 0.0) -> str:
+    """As export, failing with TaskLocked when its key is held or a limit is full."""
+    return _section(report, tenant, _size_weight(report, tenant, size), seconds)
+
+
 def weight_of(*args: Any, **kwargs: Any) -> int:
     """The weight export gives a call (for the tests)."""
     return _size_weight(*args, **kwargs)

@@ -15,7 +15,10 @@ from typing import Any
 import pytest
 import redis
 
+from celery_singleton_lock import RedisLock, TaskLocked
 from celery_singleton_lock.engine.stack import stack_base
+from celery_singleton_lock.explain import Explanation
+from celery_singleton_lock.runtime.locking import locking_for
 from celery_singleton_lock.testing import RedisServer
 from tests.worker.conftest import wait_for
 
@@ -132,3 +135,40 @@ def test_a_run_held_back_by_a_limit_meets_its_policy(
     assert other.get(timeout=30) == "ran"
     assert holder.get(timeout=30) == "ran"
     data.delete(capacities)
+
+
+def test_a_limit_that_holds_a_run_back_is_named(sp: ModuleType, data: redis.Redis) -> None:
+    """A raise-policy run whose key is free but whose tenant is full fails with TaskLocked
+    naming that limit, its explanation lists every limit of the call (state "limited"), and
+    lock_explain says the same before the call is made; a run of a free tenant is not
+    limited. (Eager runs in this process, on the real lock Redis.)"""
+    capacities = stack_base("csl") + "limits"
+    data.hset(capacities, "tenant:t5", 1)
+    holder = RedisLock(
+        redis.Redis.from_url(sp.BROKER),
+        sp.export_or_raise.lock_key("h", "t5"),
+        timeout=30,
+        stack=locking_for(sp.export_or_raise).stack(("h", "t5"), {}),
+    )
+    assert holder.acquire(blocking=False)
+    try:
+        explanation = sp.export_or_raise.lock_explain("x", "t5", 500)
+        assert explanation.state == "limited"
+        uses = {use.name: use for use in explanation.limits}
+        assert uses["tenant:t5"].number == 1
+        assert uses["tenant:t5"].source == "name"
+        assert uses["tenant:t5"].used == 1
+        assert uses["tenant:t5"].weight == 2
+        assert not uses["tenant:t5"].fits
+        assert uses["global:exports"].fits
+        assert "Limit" in str(explanation)
+        result = sp.export_or_raise.apply(("x", "t5", 500))
+        assert isinstance(result.result, TaskLocked)
+        assert "tenant:t5" in str(result.result)
+        assert result.result.task_id is None
+        carried = Explanation.from_json(result.result.explanation)
+        assert carried.state == "limited"
+        assert sp.export_or_raise.apply(("y", "t6")).get() == "ran"
+    finally:
+        holder.release()
+        data.delete(capacities)
