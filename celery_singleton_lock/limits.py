@@ -98,9 +98,7 @@ def check_limit_fields(
 
 
 def _rendered(value: object) -> str:
-    if isinstance(value, bool) or value is None:
-        return canonical_json(value)
-    if isinstance(value, int):
+    if isinstance(value, int) and not isinstance(value, bool):
         text = str(value)
     elif isinstance(value, str):
         text = value
