@@ -111,7 +111,7 @@ def test_the_stack_of_a_call() -> None:
     assert spec["l"][0][:4] == ["csl:{csl:stack}:limit:t:acme", "t:acme", "t:{tenant}", 5]
     for bad in (0, -1, True, 1.5, "2", None):
         with pytest.raises(ValueError, match="lock_weight"):
-            call_stack("csl", export, (("all", 1),), lambda **_: bad, ("r", "t"), {})
+            call_stack("csl", export, (("all", 1),), lambda bad=bad, **_: bad, ("r", "t"), {})
 
 
 def test_every_stack_key_shares_the_apps_tag() -> None:
