@@ -28,6 +28,12 @@ MODES: dict[str, tuple[dict[str, Any], int, int]] = {
     # and one plain GET at delivery: was this call superseded?
     "queue scope, replace": ({"lock_scope": "queue", "lock_on_conflict": "replace"}, 3, 16),
     "lock_debounce": ({"lock_debounce": 0.5}, 4, 15),
+    # a key and a share of two limits, one of them over the argument
+    "lock_limits (2 limits)": (
+        {"lock_limits": [("n:{n}", 3), ("all", 10)], "lock_weight": 2},
+        2,
+        26,
+    ),
 }
 
 
