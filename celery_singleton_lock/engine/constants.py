@@ -13,6 +13,7 @@ __all__ = [
     "MAX_LIMIT",
     "SIGNAL_TTL_MS",
     "SLOT_PROBES",
+    "STACK_AHEAD",
     "STARTS_TTL_SLACK_MS",
     "WAITER_SLACK_MS",
 ]
@@ -62,3 +63,6 @@ MAX_LIMIT = 100_000
 #: named wrongly is corrected) before it reports the lock held: a bound on its work when
 #: the index is being rebuilt.
 SLOT_PROBES = 16
+#: Stacked limits: a take leaves room for the weight of at most this many waiters ahead of it
+#: in a limit's line (the first of the line), so a heavy waiter is never passed for ever.
+STACK_AHEAD = 16

@@ -92,13 +92,19 @@ def cancel_commands(pipe: Any, keys: LockKeys, token: str) -> None:
     pipe.lpop(keys.grant_key(token))
     pipe.delete(keys.waiter_key(token))  # one key per DEL: cluster pipelines need that
     pipe.delete(keys.grant_key(token))
+    if keys.stack is not None:  # its places in its limits' lines (lib/stack.lua)
+        member = f"{keys.stack.weight}:{token}"
+        for limit in keys.stack.limits:
+            line = keys.stack.line_key(limit.name)
+            pipe.zrem(line, member)
+            pipe.hdel(line + ":alive", member)
 
 
 def cancelled(replies: list[Any]) -> Grant | None:
     """The grant handed to a waiter that stopped waiting (to be checked against the key,
     ``granted_to``), from the replies to ``cancel_commands``; None when it was still queued
     (nothing was handed to it)."""
-    queued, grant, _, _ = replies
+    queued, grant = replies[0], replies[1]
     if queued or grant is None:
         return None
     return parse_grant(grant)

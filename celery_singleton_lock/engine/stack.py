@@ -11,6 +11,9 @@ slot. The keys under a base ``<prefix>:{<tag>}:``:
   ``"<weight>:<owner token>"`` scored by the end of each holder's lease;
 - ``wake:<name>``: a short-lived list a release of a share pushes onto, so that a waiter
   held back by that limit tries again at once;
+- ``line:<name>`` (and ``line:<name>:alive``): the runs waiting for room in limit ``name``,
+  in the order they first tried, and until when each is known to wait; a take leaves room
+  for the weight of the waiters ahead of it, so a heavy run is never passed for ever;
 - ``limits``: a hash of numbers set at run time (``celery locks limit set NAME N``), by a
   limit's name or by its template, read before the number in the code.
 """
@@ -23,6 +26,7 @@ from dataclasses import dataclass
 __all__ = [
     "LIMITS",
     "LIMIT_PREFIX",
+    "LINE_PREFIX",
     "MAX_NAME",
     "WAKE_PREFIX",
     "Limit",
@@ -38,6 +42,8 @@ LIMITS = "limits"
 LIMIT_PREFIX = "limit:"
 #: ``wake:<name>``: a limit's wake-up list, under a stack's base.
 WAKE_PREFIX = "wake:"
+#: ``line:<name>``: the waiters of a limit, under a stack's base.
+LINE_PREFIX = "line:"
 #: How the hash tag of every stack ends: ``{<prefix>:stack}``.
 TAG_SUFFIX = ":stack"
 #: The longest limit name (a longer rendered name is shortened to a digest by the caller).
@@ -126,6 +132,10 @@ class Stack:
         """The wake-up list of limit ``name``."""
         return self.base + WAKE_PREFIX + name
 
+    def line_key(self, name: str) -> str:
+        """The line of runs waiting for room in limit ``name``."""
+        return self.base + LINE_PREFIX + name
+
     def spec(self) -> str:
         """The JSON the scripts read (``scripts/lib/stack.lua``)."""
         return json.dumps(
@@ -139,6 +149,7 @@ class Stack:
                         limit.template,
                         limit.number,
                         self.wake_key(limit.name),
+                        self.line_key(limit.name),
                     ]
                     for limit in self.limits
                 ],

@@ -360,3 +360,85 @@ def test_locks_without_a_stack_never_touch_stack_keys(fresh_server: RedisServer)
                 assert lock.acquire(blocking=False)
                 lock.extend(5)
                 lock.release()
+
+
+def test_a_heavy_waiter_is_not_passed_for_ever(client: redis.Redis, prefix: str) -> None:
+    """Six threads keep taking weight-1 shares of a limit of 3 (more of them than places, so
+    a freed place is always wanted at once); a weight-3 waiter still gets in, because every
+    take leaves room for the waiters ahead of it; the light ones wait behind it meanwhile.
+    (Without that room the heavy one waits until its timeout.)"""
+    lock = make(client, prefix)
+    stop = threading.Event()
+    light_holds: list[int] = []
+
+    def light(index: int) -> None:
+        count = 0
+        while not stop.is_set():
+            held = lock(f"light{index}-{count}", per_tenant=3, fallback_poll=0.2)
+            if held.acquire(timeout=10):
+                time.sleep(0.03)
+                held.release()
+                count += 1
+        light_holds.append(count)
+
+    threads = [threading.Thread(target=light, args=(index,)) for index in range(6)]
+    for thread in threads:
+        thread.start()
+    try:
+        time.sleep(0.3)
+        heavy = lock("heavy", weight=3, per_tenant=3, fallback_poll=0.2)
+        started = time.monotonic()
+        assert heavy.acquire(timeout=10)
+        waited = time.monotonic() - started
+        assert shares(client, prefix, "tenant:a") == [f"3:{heavy.token}".encode()]
+        heavy.release()
+    finally:
+        stop.set()
+        for thread in threads:
+            thread.join(timeout=20)
+    assert waited < 10
+    assert sum(light_holds) > 10  # the light ones really kept the limit busy
+
+
+def test_a_take_leaves_room_for_the_waiters_ahead(client: redis.Redis, prefix: str) -> None:
+    """Step by step: with 2 of 3 used, a weight-3 run waits (in a thread); one share is
+    freed, and a weight-1 newcomer that would fit is held back all the same (it would pass
+    the heavy one); once the other share is freed the heavy run gets in, and the newcomer
+    after it. A waiter that stopped waiting (its timeout) holds nobody up."""
+    lock = make(client, prefix)
+    one, two = lock("one"), lock("two")
+    assert one.acquire(blocking=False)
+    assert two.acquire(blocking=False)
+    heavy = lock("heavy", weight=3, fallback_poll=5)
+    got = threading.Event()
+
+    def wait() -> None:
+        if heavy.acquire(timeout=20):
+            got.set()
+
+    thread = threading.Thread(target=wait)
+    thread.start()
+    line = stack_base(prefix) + "line:tenant:a"
+    deadline = time.monotonic() + 5
+    while client.zcard(line) == 0 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    one.release()
+    newcomer = lock("new")
+    assert not newcomer.acquire(blocking=False)
+    assert newcomer.held_back_by == "tenant:a"
+    assert not got.is_set()
+    two.release()
+    assert got.wait(10)
+    thread.join(timeout=10)
+    assert not newcomer.acquire(blocking=False)  # 3 of 3 used now
+    heavy.release()
+    assert newcomer.acquire(blocking=False)
+    newcomer.release()
+    three, gone = lock("three"), lock("gone", weight=3, fallback_poll=5)
+    assert three.acquire(blocking=False)
+    assert not gone.acquire(timeout=0.05)  # waited, then stopped: its place goes with it
+    assert client.zcard(line) == 0
+    late = lock("late")
+    assert late.acquire(blocking=False)
+    for held in (three, late):
+        held.release()

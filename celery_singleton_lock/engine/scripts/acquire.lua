@@ -23,6 +23,7 @@
 --@include stack
 -- The uncontended acquire runs only TIME and SET NX: everything else comes after it.
 local now, fence = clock()
+local now_us = fence
 local lease = tonumber(ARGV[2])
 local expiry = now + lease
 local ttl = key_ttl(lease)
@@ -76,7 +77,8 @@ if current then
   end
 end
 if stack then
-  local limit, wait = stack_blocked(stack, ARGV[1], now)
+  local limit, wait = stack_blocked(stack, ARGV[1], now, now_us,
+    ARGV[4] ~= 'x' and tonumber(ARGV[5]) + ${WAITER_SLACK_MS} or nil)
   if limit then return {0, wait, limit} end
 end
 redis.call('SET', KEYS[1], format_value(expiry, flag, ARGV[1], fence, ARGV[3]), 'PX', ttl)

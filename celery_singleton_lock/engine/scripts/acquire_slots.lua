@@ -26,6 +26,7 @@
 --@include slots
 --@include stack
 local now, fence = clock()
+local now_us = fence
 local token, claim, group = ARGV[1], ARGV[8] ~= '' and ARGV[8] or nil, ARGV[7]
 local stack = stack_spec(ARGV[9])
 local lease = tonumber(ARGV[2])
@@ -160,7 +161,8 @@ end
 -- a corrected (perhaps recreated) index outlives the leases it now knows of
 if corrected > 0 then keep_index(b, key_ttl(corrected)) end
 if take and stack then
-  local limit, wait = stack_blocked(stack, token, now)
+  local limit, wait = stack_blocked(stack, token, now, now_us,
+    ARGV[4] ~= 'x' and tonumber(ARGV[5]) + ${WAITER_SLACK_MS} or nil)
   if limit then return {0, wait, limit} end
 end
 if take then

@@ -3,14 +3,22 @@
 -- limit is a sorted set of '<weight>:<owner token>' scored by the end of that holder's
 -- lease, so a crashed holder's share ends with its lease (the first take after that prunes
 -- it). The stack travels as a JSON spec:
---   {"w": weight, "c": capacities hash, "l": [[limit key, name, template, number, wake list], ...]}
+--   {"w": weight, "c": capacities hash,
+--    "l": [[limit key, name, template, number, wake list, waiters' line], ...]}
 -- and, while held, is recorded beside the lock as <base>${K_STACK}<owner token> (the same
--- spec), so that release and extend find it whatever the caller passed. Every key of a
+-- spec), so that release and extend find it whatever the caller knows (they are told only
+-- that the lock is stacked). Every key of a
 -- stack shares one hash tag with the lock key (keyspace: the stack's tag), so one script
 -- takes them all on Redis Cluster.
 -- A limit's number is read from the capacities hash, by its name, then by its template (as
 -- `locks limit set` writes them), else the spec's number: lowering it holds back new takes
 -- only; nothing held is ever taken away.
+-- No starvation: a blocking try held back by a limit joins that limit's line of waiters (a
+-- sorted set of '<weight>:<owner token>' by first try, in server us, beside a hash of how
+-- long each is known to wait: its place lapses when it stops trying). Every take, waiting
+-- or not, leaves room for the weight of the waiters ahead of it (the first ${STACK_AHEAD}
+-- of the line, those whose weight can fit at all): so light runs that keep coming never
+-- pass a heavy one for ever; it gets in once the shares ahead of it drain.
 
 -- stack_spec(text) -> the decoded spec, or nil for none ('' or absent)
 local function stack_spec(text)
@@ -52,18 +60,59 @@ local function stack_used(key, now, mine)
   return used, soonest
 end
 
--- stack_blocked(spec, token, now) -> nil when the weight fits in every limit; else the
--- name of the first limit it does not fit in and the ms until a share of it ends (>= 1;
--- 1000 when nothing held there will end: the number itself is too low)
-local function stack_blocked(spec, token, now)
-  local mine = spec.w .. ':' .. token
-  for _, limit in ipairs(spec.l) do
-    local used, soonest = stack_used(limit[1], now, mine)
-    if used + spec.w > stack_number(spec, limit) then
-      return limit[2], soonest and math.max(1, soonest - now) or 1000
+-- stack_ahead(limit, number, mine, now) -> the weight of the live waiters ahead of mine in
+-- the limit's line (all of the first STACK_AHEAD when mine is not in it); lapsed places go
+local function stack_ahead(limit, number, mine, now)
+  local line = limit[6]
+  if not line then return 0 end
+  local alive = line .. ':alive'
+  local first = redis.call('ZRANGE', line, 0, ${STACK_AHEAD} - 1)
+  if #first == 0 then return 0 end
+  local until_ms = redis.call('HMGET', alive, unpack(first))
+  local ahead, lapsed = 0, {}
+  for k, member in ipairs(first) do
+    if member == mine then break end
+    if (tonumber(until_ms[k]) or 0) <= now then
+      lapsed[#lapsed + 1] = member
+    else
+      local w = tonumber(string.match(member, '^(%d+):')) or 1
+      if w <= number then ahead = ahead + w end  -- one too heavy to fit holds nobody up
     end
   end
-  return nil
+  if #lapsed > 0 then
+    redis.call('ZREM', line, unpack(lapsed))
+    redis.call('HDEL', alive, unpack(lapsed))
+  end
+  return ahead
+end
+
+-- stack_blocked(spec, token, now, now us, keep ms or nil) -> nil when the weight fits in
+-- every limit, with room left for the waiters ahead; else the name of the first limit it
+-- does not fit in and the ms until a share of it ends (>= 1; 1000 when nothing held there
+-- will end). With keep (a blocking try), the caller joins the line of every limit it does
+-- not fit in, its place kept keep ms.
+local function stack_blocked(spec, token, now, now_us, keep)
+  local mine = spec.w .. ':' .. token
+  local blocked, wait = nil, nil
+  for _, limit in ipairs(spec.l) do
+    local used, soonest = stack_used(limit[1], now, mine)
+    local number = stack_number(spec, limit)
+    if used + spec.w + stack_ahead(limit, number, mine, now) > number then
+      if not blocked then
+        blocked, wait = limit[2], soonest and math.max(1, soonest - now) or 1000
+      end
+      if not keep then break end
+      if limit[6] then
+        local alive = limit[6] .. ':alive'
+        redis.call('ZADD', limit[6], 'NX', now_us, mine)
+        redis.call('HSET', alive, mine, now + keep)
+        for _, key in ipairs({limit[6], alive}) do  -- outlives every place in it
+          if redis.call('PTTL', key) < keep then redis.call('PEXPIRE', key, keep) end
+        end
+      end
+    end
+  end
+  return blocked, wait
 end
 
 -- keep(key, ttl): a limit outlives the leases in it (as the slot index does)
@@ -78,12 +127,16 @@ local function stack_take(b, spec, text, token, expiry, ttl)
   for _, limit in ipairs(spec.l) do
     redis.call('ZADD', limit[1], expiry, mine)
     stack_keep(limit[1], ttl)
+    if limit[6] and redis.call('ZREM', limit[6], mine) == 1 then
+      redis.call('HDEL', limit[6] .. ':alive', mine)  -- a waiter that got in
+    end
   end
   redis.call('SET', b .. '${K_STACK}' .. token, text, 'PX', ttl)
 end
 
 -- stack_drop(base, token) -> true when the hold had a stack: its shares and record go, and
--- the waiters of each limit get word (as many wake-ups as the weight freed, at most 16)
+-- the waiters in each limit's line get word (one wake-up for each of the first
+-- STACK_AHEAD: all of them try again, and the line's order decides who gets in)
 local function stack_drop(b, token)
   local record = b .. '${K_STACK}' .. token
   local text = redis.call('GET', record)
@@ -94,9 +147,10 @@ local function stack_drop(b, token)
   local mine = math.floor(tonumber(spec.w) or 1) .. ':' .. token
   for _, limit in ipairs(spec.l) do
     redis.call('ZREM', limit[1], mine)
-    if limit[5] then
+    local waiting = limit[6] and math.min(${STACK_AHEAD}, redis.call('ZCARD', limit[6])) or 0
+    if limit[5] and waiting > 0 then
       local wakes = {}
-      for k = 1, math.min(16, math.max(1, tonumber(spec.w) or 1)) do wakes[k] = '1' end
+      for k = 1, waiting do wakes[k] = '1' end
       redis.call('RPUSH', limit[5], unpack(wakes))
       redis.call('PEXPIRE', limit[5], ${SIGNAL_TTL_MS})
     end
