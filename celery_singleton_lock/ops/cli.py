@@ -8,12 +8,15 @@ Installed through the ``celery.commands`` entry point, so it runs with the app g
     celery -A proj locks key TASK_NAME [ARGS_JSON [KWARGS_JSON]]
     celery -A proj locks explain TASK [ARGS...] [--kwargs JSON] [--json]
     celery -A proj locks check [--json] [--strict]
+    celery -A proj locks limit set NAME N | unset NAME | list [--json]
 
 ``list`` and ``clear`` talk to the lock Redis (``singleton_lock_url``) with SCAN, never
 KEYS, and read lock state against the Redis server's clock; ``clear --all`` and ``--match``
 delete through :func:`.admin.clear_locks`. ``key`` needs no Redis: it derives the key the
 same way a task call does. ``check`` is a preflight of the lock Redis for CI (exit status 0
-when ready; see :mod:`.checks`). Passwords are masked in every printed URL.
+when ready; see :mod:`.checks`). ``limit`` sets and shows the numbers of stacked limits
+(``lock_limits``) at run time (see :mod:`.limits`). Passwords are masked in every printed
+URL.
 """
 
 from __future__ import annotations
@@ -52,6 +55,18 @@ from celery_singleton_lock.ops.admin import (
 )
 from celery_singleton_lock.ops.checks import FAIL, OK, WARN, Report, run_checks
 from celery_singleton_lock.ops.explain import explain_task, json_arguments, render
+from celery_singleton_lock.ops.limits import HEADINGS as LIMIT_HEADINGS
+from celery_singleton_lock.ops.limits import (
+    capacities_key,
+    closest,
+    code_limits,
+    has_fields,
+    name_problem,
+    read_limits,
+    set_limit,
+    templates_of,
+    unset_limit,
+)
 from celery_singleton_lock.ops.reconcile import LockState, lock_states, reap, watch_seconds
 from celery_singleton_lock.options import Settings
 from celery_singleton_lock.runtime import locking_for
@@ -758,3 +773,136 @@ def reap_locks(ctx: click.Context, dry_run: bool, watch: float | None, pattern: 
     if not any(found.proven for found in reaped):
         unproven = sum(not found.proven for found in reaped)
         click.echo("nothing to reap" + (f" ({unproven} unproven)" if unproven else ""))
+
+
+# ------------------------------------------------------------------------------ limit
+
+
+@locks.group(name="limit")
+def limit() -> None:
+    """Set and show the numbers of stacked limits (lock_limits) at run time."""
+
+
+def _check_limit_name(name: str) -> None:
+    """A usage error unless ``name`` can name a limit, saying why."""
+    problem = name_problem(name)
+    if problem is not None:
+        raise click.BadParameter(problem, param_hint="NAME")
+
+
+def _unknown_limit_warning(name: str, templates: Sequence[str]) -> str | None:
+    """The warning for a NAME no registered task's ``lock_limits`` has as a template or
+    renders (a typo is set where no run ever reads it); None when one does."""
+    if not templates:
+        return (
+            f"warning: no registered task has lock_limits, so no run reads {name!r} "
+            "(check -A and its imports); set anyway"
+        )
+    if templates_of(name, templates):
+        return None
+    guess = closest(name, templates)
+    hint = f"did you mean {guess!r}? " if guess is not None else ""
+    return (
+        f"warning: {name!r} is neither a lock_limits template of a registered task nor a "
+        f"name one renders, so no run reads it; {hint}known templates: "
+        f"{', '.join(repr(template) for template in templates)}; set anyway"
+    )
+
+
+@limit.command(name="set", cls=CeleryCommand, context_settings={"ignore_unknown_options": True})
+@click.argument("name")
+@click.argument("number", metavar="N", type=int)
+@click.pass_context
+def limit_set(ctx: click.Context, name: str, number: int) -> None:
+    """Set limit NAME to N runs' weight at once, in the lock Redis.
+
+    NAME is a limit's rendered name ('tenant:7') or its template as the code writes it
+    ('tenant:{tenant_id}': every rendering without a number of its own). Runs read the
+    number by name, then by template, then take the code's. Lowering it never stops work
+    that is running: new runs are held back until they fit. N=0 holds back every new run.
+    """
+    _check_limit_name(name)
+    if number < 0:
+        raise click.BadParameter(
+            f"must be a whole number >= 0 (0 holds back every new run), got {number}",
+            param_hint="N",
+        )
+    app = _app(ctx)
+    settings = _settings(app)
+    client = _client(app, settings)
+    templates = tuple(dict.fromkeys(item.template for item in code_limits(app)))
+    warning = _unknown_limit_warning(name, templates)
+    if warning is not None:
+        click.echo(warning, err=True)
+    with _redis_errors(settings.url):
+        set_limit(client, settings.prefix, name, number)
+    scope = (
+        " (every rendering of it without a number of its own)"
+        if name in templates and has_fields(name)
+        else ""
+    )
+    click.echo(
+        f"Set limit {name!r} to {number}{scope} on {mask_url(settings.url)}: running work "
+        "is never stopped; new runs are held back until they fit."
+    )
+
+
+@limit.command(name="unset", cls=CeleryCommand)
+@click.argument("name")
+@click.pass_context
+def limit_unset(ctx: click.Context, name: str) -> None:
+    """Remove the number set for limit NAME in the lock Redis: its runs then follow its
+    template's number, else the code's. Any NAME found in `limit list` can be removed,
+    including one written there by other means."""
+    if not name:
+        raise click.BadParameter("a limit name cannot be empty", param_hint="NAME")
+    app = _app(ctx)
+    settings = _settings(app)
+    client = _client(app, settings)
+    with _redis_errors(settings.url):
+        removed = unset_limit(client, settings.prefix, name)
+    if removed:
+        follow = (
+            "its renderings without a number of their own now follow the code's"
+            if has_fields(name)
+            else "its runs now follow its template's number, else the code's"
+        )
+        click.echo(f"Unset limit {name!r} on {mask_url(settings.url)}: {follow}.")
+    else:
+        click.echo(f"Limit {name!r} was not set on {mask_url(settings.url)}; nothing changed.")
+
+
+@limit.command(name="list", cls=CeleryCommand)
+@click.option(
+    "--json",
+    "as_json",
+    cls=CeleryOption,
+    is_flag=True,
+    help_group="Limit Options",
+    help="Print a JSON list of objects (code and applies are lists) instead of a table.",
+)
+@click.pass_context
+def limit_list(ctx: click.Context, as_json: bool) -> None:
+    """Show every stacked limit, from the code and from the lock Redis.
+
+    One row per limit or template: the number in the code (CODE), the number set in Redis
+    by that exact name (SET), the number runs meet now (APPLIES: by name, then template,
+    then code), the weight its live shares hold (IN USE) and how many there are (HOLDS),
+    on the Redis server's clock, and the tasks whose lock_limits have it.
+    """
+    app = _app(ctx)
+    settings = _settings(app)
+    client = _client(app, settings)
+    code = code_limits(app)
+    with _redis_errors(settings.url):
+        rows = read_limits(client, settings.prefix, code)
+    if as_json:
+        click.echo(json.dumps([row.as_json() for row in rows], indent=2))
+        return
+    click.echo(
+        f"Stacked limits on {mask_url(settings.url)} (numbers set in "
+        f"{capacities_key(settings.prefix)!r}): {_plural(len(rows), 'limit')}"
+    )
+    if rows:
+        for line in _table([LIMIT_HEADINGS, *(row.cells() for row in rows)]):
+            click.echo(line)

@@ -1,0 +1,423 @@
+"""``celery locks limit``: the stacked limits of an app (``lock_limits``) as the code gives
+them and as they stand in the lock Redis, and the numbers set there at run time.
+
+Every stack key of an app lives under :func:`~.engine.stack.stack_base` of its prefix:
+
+- ``<base>limits``: a hash of numbers set at run time, by a limit's rendered name
+  (``"tenant:7"``) or by its template as the code writes it (``"tenant:{tenant_id}"``);
+- ``<base>limit:<name>``: the shares held in limit ``name``, a sorted set of
+  ``"<weight>:<owner token>"`` scored by the end of each holder's lease (server ms).
+
+The scripts (``engine/scripts/lib/stack.lua``) read a limit's number by its name, then by
+its template, then take the code's; a stored value that is not a whole number >= 0 (as
+Lua's ``tonumber`` reads it) is skipped. A share whose lease has ended no longer counts,
+and a member of another layout counts as weight 1. :func:`read_limits` follows the same
+rules, read-only, on the server's clock. Setting a number never stops running work: it
+only holds new runs back until they fit.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import difflib
+import math
+import re
+import string
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from celery.exceptions import ImproperlyConfigured
+
+from celery_singleton_lock.engine.stack import LIMIT_PREFIX, LIMITS, MAX_NAME, stack_base
+from celery_singleton_lock.engine.wire import LockClient, server_time
+from celery_singleton_lock.runtime.locking import locking_for
+
+if TYPE_CHECKING:
+    from celery import Celery
+
+__all__ = [
+    "HEADINGS",
+    "CodeLimit",
+    "LimitRow",
+    "Number",
+    "Usage",
+    "build_rows",
+    "capacities_key",
+    "closest",
+    "code_limits",
+    "has_fields",
+    "limit_key",
+    "name_problem",
+    "parse_number",
+    "read_limits",
+    "renders",
+    "set_limit",
+    "templates_of",
+    "unset_limit",
+]
+
+#: The columns of ``celery locks limit list``.
+HEADINGS = ("LIMIT", "CODE", "SET", "APPLIES", "IN USE", "HOLDS", "TASKS")
+#: A limit's number: a whole number >= 0, or infinity (a stored ``inf``, which the scripts
+#: read as no limit at all).
+Number = int | float
+#: Keys asked for per SCAN call.
+_SCAN_COUNT = 500
+#: How much of an ignored stored value a table cell shows.
+_SHOWN = 20
+_GLOB_SPECIAL = re.compile(r"([\\*?\[\]])")
+#: A share's weight, as the scripts read it: the leading digits before a colon.
+_WEIGHT = re.compile(rb"(\d+):")
+#: What C's ``isspace`` skips around a number (Lua's ``tonumber`` uses ``strtod``).
+_C_SPACE = " \t\n\r\f\v"
+
+
+# ------------------------------------------------------------------------------ code
+
+
+@dataclass(frozen=True)
+class CodeLimit:
+    """One ``(template, number)`` pair of a registered task's ``lock_limits``."""
+
+    template: str
+    number: int
+    task: str
+
+
+def code_limits(app: Celery) -> list[CodeLimit]:
+    """Every ``lock_limits`` pair of the app's locked tasks (their modules imported first),
+    by template then task. A task that is not locked, has no limits, or whose options are
+    invalid (a worker refuses it anyway) gives none."""
+    with contextlib.suppress(Exception):  # a task module that fails to import
+        app.loader.import_default_modules()
+    found: list[CodeLimit] = []
+    for name, task in sorted(app.tasks.items()):
+        try:
+            locking = locking_for(task)
+        except ImproperlyConfigured:
+            continue
+        if locking is None or not locking.options.limits:
+            continue
+        found.extend(
+            CodeLimit(template, number, name) for template, number in locking.options.limits
+        )
+    return sorted(found, key=lambda item: (item.template, item.task, item.number))
+
+
+def _fields(template: str) -> list[tuple[str, bool]]:
+    """``template`` as (text, is a field) pieces; a template ``str.format`` cannot read is
+    all fixed text (it renders nothing else)."""
+    pieces: list[tuple[str, bool]] = []
+    try:
+        parsed = list(string.Formatter().parse(template))
+    except ValueError:
+        return [(template, False)]
+    for literal, name, _, _ in parsed:
+        if literal:
+            pieces.append((literal, False))
+        if name is not None:
+            pieces.append((name, True))
+    return pieces
+
+
+def has_fields(template: str) -> bool:
+    """Whether ``template`` reads any argument (else it names one limit shared by all)."""
+    return any(is_field for _, is_field in _fields(template))
+
+
+def _pattern(template: str) -> re.Pattern[str]:
+    """What the renderings of ``template`` look like: its fixed text as it is, each field
+    some non-empty text without a colon or a brace (a rendered value never holds one, so a
+    mistyped template is not taken for a rendering)."""
+    return re.compile(
+        "".join("[^:{}]+" if is_field else re.escape(text) for text, is_field in _fields(template))
+    )
+
+
+def renders(template: str, name: str) -> bool:
+    """Whether ``name`` is ``template`` itself or a plausible rendering of it."""
+    return name == template or _pattern(template).fullmatch(name) is not None
+
+
+def templates_of(name: str, templates: Iterable[str]) -> tuple[str, ...]:
+    """The templates among ``templates`` whose limit ``name`` is: the template itself when
+    ``name`` is a template with fields, else every template it is or renders."""
+    known = tuple(dict.fromkeys(templates))
+    if name in known and has_fields(name):
+        return (name,)
+    return tuple(template for template in known if renders(template, name))
+
+
+def _tokens(text: str) -> list[str]:
+    return text.split(":")
+
+
+def _likeness(name: str, template: str) -> float:
+    """How alike ``name`` and a rendering of ``template`` are (0..1): colon-separated parts
+    compared in turn, a part that is all field matching anything; else the whole texts."""
+    whole = difflib.SequenceMatcher(None, name, template).ratio()
+    names, parts = _tokens(name), _tokens(template)
+    if len(names) != len(parts):
+        return whole
+    scores = [
+        1.0
+        if renders(part, given)
+        else difflib.SequenceMatcher(
+            None, given, "".join(text for text, is_field in _fields(part) if not is_field)
+        ).ratio()
+        for given, part in zip(names, parts, strict=True)
+    ]
+    return max(whole, sum(scores) / len(scores))
+
+
+def closest(name: str, templates: Sequence[str]) -> str | None:
+    """The rendering (or template) most like ``name``, for a "did you mean": the closest
+    template with the parts of ``name`` that stand where its fields are; None when no
+    template is close."""
+    scored = sorted(((_likeness(name, template), template) for template in templates), reverse=True)
+    if not scored or scored[0][0] < 0.75:
+        return None
+    template = scored[0][1]
+    names, parts = _tokens(name), _tokens(template)
+    if len(names) == len(parts):
+        filled = [
+            given if any(is_field for _, is_field in _fields(part)) else part
+            for given, part in zip(names, parts, strict=True)
+        ]
+        guess = ":".join(filled)
+        if renders(template, guess):
+            return guess
+    return template
+
+
+def name_problem(name: str) -> str | None:
+    """Why ``name`` cannot be a limit's name or template (None when it can): it must have 1
+    to ``MAX_NAME`` characters, none of them whitespace or unprintable."""
+    if not name:
+        return "a limit name cannot be empty"
+    if len(name) > MAX_NAME:
+        return f"a limit name has at most {MAX_NAME} characters, this one {len(name)}"
+    if any(ch.isspace() or not ch.isprintable() for ch in name):
+        return f"a limit name cannot hold whitespace or unprintable characters: {name!r}"
+    return None
+
+
+# ----------------------------------------------------------------------------- Redis
+
+
+def capacities_key(prefix: str) -> str:
+    """The hash of numbers set at run time, of an app with key ``prefix``."""
+    return stack_base(prefix) + LIMITS
+
+
+def limit_key(prefix: str, name: str) -> str:
+    """The sorted set of limit ``name``'s shares."""
+    return stack_base(prefix) + LIMIT_PREFIX + name
+
+
+def set_limit(client: LockClient, prefix: str, name: str, number: int) -> None:
+    """Set limit (or template) ``name`` to ``number`` at run time."""
+    if isinstance(number, bool) or not isinstance(number, int) or number < 0:
+        raise ValueError(f"a limit's number must be a whole number >= 0, got {number!r}")
+    problem = name_problem(name)
+    if problem is not None:
+        raise ValueError(problem)
+    client.hset(capacities_key(prefix), name, str(number))
+
+
+def unset_limit(client: LockClient, prefix: str, name: str) -> bool:
+    """Remove the number set for ``name``; whether one was set."""
+    return bool(client.hdel(capacities_key(prefix), name))
+
+
+def _text(value: bytes | str) -> str:
+    return value.decode("utf-8", "backslashreplace") if isinstance(value, bytes) else value
+
+
+def parse_number(value: bytes | str | None) -> Number | None:
+    """A stored number as the scripts read it (Lua's ``tonumber``, then a whole number >= 0),
+    None when they skip it: decimal, exponent and ``0x`` hex forms with blanks around are
+    read; ``inf`` reads as infinity (no limit)."""
+    if value is None:
+        return None
+    text = (value.decode("latin-1") if isinstance(value, bytes) else value).split("\0", 1)[0]
+    text = text.strip(_C_SPACE)
+    if not text or not text.isascii() or "_" in text:
+        return None
+    unsigned = text.lstrip("+-")
+    try:
+        number = float.fromhex(text) if unsigned[:2].lower() == "0x" else float(text)
+    except ValueError:
+        return None
+    if math.isnan(number) or number < 0:
+        return None
+    if math.isinf(number):
+        return number
+    return int(number) if number.is_integer() else None
+
+
+@dataclass(frozen=True)
+class Usage:
+    """The live shares of one limit: the weight they hold and how many there are."""
+
+    in_use: int = 0
+    holds: int = 0
+
+
+def _usage(members: Iterable[tuple[bytes | str, float]]) -> Usage:
+    """The live shares' total weight and count; a member not shaped ``<weight>:<token>`` (or
+    of weight 0) counts as 1, as in the scripts."""
+    in_use = holds = 0
+    for member, _ in members:
+        raw = member.encode("utf-8", "surrogateescape") if isinstance(member, str) else member
+        found = _WEIGHT.match(raw)
+        weight = int(found.group(1)) if found else 0
+        in_use += weight if weight >= 1 else 1
+        holds += 1
+    return Usage(in_use, holds)
+
+
+def _glob_escape(text: str) -> str:
+    return _GLOB_SPECIAL.sub(r"\\\1", text)
+
+
+def _scan(client: LockClient, pattern: str) -> list[bytes | str]:
+    """Every key matching ``pattern``, once (SCAN, never KEYS)."""
+    seen: dict[bytes | str, None] = {}
+    for key in client.scan_iter(match=pattern, count=_SCAN_COUNT):
+        seen.setdefault(key, None)
+    return list(seen)
+
+
+def read_limits(client: LockClient, prefix: str, code: Sequence[CodeLimit]) -> list[LimitRow]:
+    """The rows of ``locks limit list``: every limit the code names or the lock Redis holds
+    (a number set, or shares), with its live use on the server's clock. Read-only: expired
+    shares are left for the scripts to prune."""
+    capacities = capacities_key(prefix)
+    zsets = stack_base(prefix) + LIMIT_PREFIX
+    stored: dict[str, bytes | str] = {
+        _text(name): value for name, value in dict(client.hgetall(capacities)).items()
+    }
+    keys = {_text(key)[len(zsets) :]: key for key in _scan(client, _glob_escape(zsets) + "*")}
+    now_ms = server_time(client, capacities)[0]
+    pipe = client.pipeline(transaction=False)
+    names = sorted(keys)
+    for name in names:
+        pipe.zrangebyscore(keys[name], f"({now_ms}", "+inf", withscores=True)
+    usage = {name: _usage(members) for name, members in zip(names, pipe.execute(), strict=True)}
+    return build_rows(code, stored, usage)
+
+
+# ------------------------------------------------------------------------------- rows
+
+
+def _cell(values: Sequence[Number]) -> str:
+    return "|".join(_shown(value) for value in values) or "-"
+
+
+def _shown(value: Number) -> str:
+    return "inf" if isinstance(value, float) else str(value)
+
+
+def _json(value: Number | None) -> Any:
+    return "inf" if isinstance(value, float) else value
+
+
+@dataclass(frozen=True)
+class LimitRow:
+    """One limit, or one template, as ``locks limit list`` shows it.
+
+    ``code``: the numbers the code gives it (several when tasks disagree, or when it
+    renders several templates); ``stored`` the text set in Redis by this exact name and
+    ``set_number`` that as a number (None when none, or when the scripts skip it); ``applies``:
+    the number each of its templates' runs meet now (name, then template, then code);
+    ``in_use``/``holds``: its live shares (None for a template with fields, which is no
+    limit itself: each rendering is).
+    """
+
+    name: str
+    templates: tuple[str, ...] = ()
+    code: tuple[int, ...] = ()
+    stored: str | None = None
+    set_number: Number | None = None
+    applies: tuple[Number, ...] = ()
+    in_use: int | None = 0
+    holds: int | None = 0
+    tasks: tuple[str, ...] = ()
+
+    def cells(self) -> tuple[str, ...]:
+        """The row's table cells, in :data:`HEADINGS` order."""
+        if self.set_number is not None:
+            set_cell = _shown(self.set_number)
+        elif self.stored is not None:
+            shown = self.stored if len(self.stored) <= _SHOWN else self.stored[:_SHOWN] + "..."
+            set_cell = f"{shown!r}(ignored)"
+        else:
+            set_cell = "-"
+        return (
+            self.name,
+            _cell(self.code),
+            set_cell,
+            _cell(self.applies),
+            "-" if self.in_use is None else str(self.in_use),
+            "-" if self.holds is None else str(self.holds),
+            ", ".join(self.tasks) or "-",
+        )
+
+    def as_json(self) -> dict[str, Any]:
+        """The row as a JSON object (``code`` and ``applies`` are lists; an infinite number,
+        a stored ``inf``, is the string ``"inf"``)."""
+        return {
+            "limit": self.name,
+            "templates": list(self.templates),
+            "code": list(self.code),
+            "set": _json(self.set_number),
+            "stored": self.stored,
+            "applies": [_json(value) for value in self.applies],
+            "in_use": self.in_use,
+            "holds": self.holds,
+            "tasks": list(self.tasks),
+        }
+
+
+def build_rows(
+    code: Sequence[CodeLimit],
+    stored: Mapping[str, bytes | str],
+    usage: Mapping[str, Usage],
+) -> list[LimitRow]:
+    """The rows for what the code says (``code``), the numbers set in Redis by name or
+    template (``stored``) and the live use of each limit found there (``usage``), sorted by
+    name. A name is a template of the code, or is matched to the templates it renders."""
+    templates = tuple(dict.fromkeys(item.template for item in code))
+    names = sorted({*templates, *stored, *usage})
+    rows = []
+    for name in names:
+        own = templates_of(name, templates)
+        sources = [item for item in code if item.template in own]
+        by_name = parse_number(stored.get(name))
+        applies: set[Number] = set()
+        for item in sources:
+            by_template = parse_number(stored.get(item.template))
+            chosen = by_name if by_name is not None else by_template
+            applies.add(chosen if chosen is not None else item.number)
+        if not sources and by_name is not None:
+            applies.add(by_name)
+        used = usage.get(name)
+        if used is None:
+            used = Usage(0, 0) if not (name in templates and has_fields(name)) else None
+        text = stored.get(name)
+        rows.append(
+            LimitRow(
+                name=name,
+                templates=own,
+                code=tuple(sorted({item.number for item in sources})),
+                stored=None if text is None else _text(text),
+                set_number=by_name,
+                applies=tuple(sorted(applies)),
+                in_use=None if used is None else used.in_use,
+                holds=None if used is None else used.holds,
+                tasks=tuple(sorted({item.task for item in sources})),
+            )
+        )
+    return rows
