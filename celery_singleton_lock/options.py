@@ -630,10 +630,6 @@ OPTION_RULES: tuple[Combination, ...] = (
         "lock_weight needs lock_limits (the weight is what a run takes of each limit)",
     ),
     Combination(
-        lambda o, s: bool(o.limits) and o.scope != "run",
-        "lock_limits works with lock_scope='run' only so far (a queued call takes no share)",
-    ),
-    Combination(
         lambda o, s: bool(o.limits) and o.on_conflict not in {"skip", "wait", "retry", "raise"},
         "lock_limits works with lock_on_conflict 'skip', 'wait', 'retry' or 'raise' so far",
     ),

@@ -286,9 +286,22 @@ EXPLAIN_COMMANDS = frozenset(
     ("TIME", "GET", "PTTL", "HMGET", "ZCARD", "ZCOUNT", "ZRANGE", "ZRANGEBYSCORE", "ZREVRANGE")
 ) | {"ZSCORE"}
 #: What the admin tools send (``celery locks list`` reads each key's waiters and pending
-#: follow-up; ``clear`` marks a cleared slot free in its index); tasks of the plain-command
+#: follow-up; ``clear`` marks a cleared slot free in its index; ``locks limit`` reads and
+#: sets the numbers of stacked limits and reads their shares); tasks of the plain-command
 #: mode do not need it.
-ADMIN_COMMANDS = ("SCAN", "TYPE", "ZRANGE", "ZCARD", "HGET", "MGET", "ZADD")
+ADMIN_COMMANDS = (
+    "SCAN",
+    "TYPE",
+    "ZRANGE",
+    "ZCARD",
+    "HGET",
+    "MGET",
+    "ZADD",
+    "HGETALL",
+    "HSET",
+    "HDEL",
+    "ZRANGEBYSCORE",
+)
 
 
 def needed_commands(scripting: bool) -> frozenset[str]:
@@ -379,6 +392,7 @@ def _probe_table(client: LockClient, key: str) -> dict[str, Probe]:
         "HEXISTS": lambda: client.hexists(pending, "id"),
         "HGET": lambda: client.hget(pending, "id"),
         "HMGET": lambda: client.hmget(pending, ["id", "token"]),
+        "HGETALL": lambda: client.hgetall(pending),
         "HDEL": lambda: client.hdel(k["OWNERS"], "probe"),
         "WATCH": lambda: _one_connection(client, lock, ("WATCH", lock)),
         "UNWATCH": lambda: _one_connection(client, lock, ("UNWATCH",)),

@@ -15,6 +15,7 @@ of this very message is taken over, and a live one makes this delivery come back
 from __future__ import annotations
 
 import functools
+import logging
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -23,9 +24,11 @@ from celery import states
 from celery.exceptions import Ignore, Reject, Retry
 
 from celery_singleton_lock import _observe as observe
-from celery_singleton_lock.exceptions import LockBackendError, TaskLocked
+from celery_singleton_lock.engine import RedisLock
+from celery_singleton_lock.exceptions import LockBackendError, LockNotOwned, TaskLocked
 from celery_singleton_lock.modes.base import ACQUIRED
-from celery_singleton_lock.modes.policies import tell
+from celery_singleton_lock.modes.policies import locked, tell
+from celery_singleton_lock.modes.scope import queue_token
 from celery_singleton_lock.runtime import headers as hdr
 from celery_singleton_lock.runtime.context import RUN_ATTR, Run, holding
 from celery_singleton_lock.runtime.delivery import reclaim_from_dead_delivery
@@ -43,6 +46,8 @@ else:
     AnyTask = Any
 
 __all__ = ["body_of", "locked_call", "run_locking"]
+
+log = logging.getLogger("celery_singleton_lock.task")
 
 
 def body_of(task: AnyTask, call: Any) -> Callable[..., Any]:
@@ -108,6 +113,9 @@ def before_body(run: Run) -> Callable[[], Any]:
         for mode in hooks:
             mode.deliver(run)
         acquired = run.policy.acquire(run)
+        if not acquired and run.lock.held_back_by is not None:
+            limited = on_limit(run)
+            return lambda: limited
         if not acquired:
             holders = run.lock.holders()
             if not reclaim_from_dead_delivery(run, holders):
@@ -129,6 +137,39 @@ def before_body(run: Run) -> Callable[[], Any]:
         return run.body  # freed at its start: current_lock() is None
     run.holding = True
     return functools.partial(body, run)
+
+
+def on_limit(run: Run) -> Any:
+    """The key was free (or held for this very call: its queue-scope hold) but a stacked
+    limit (``lock_limits``) had no room for the run. In run scope the run meets its
+    conflict policy. In queue scope the call was accepted when it was published (its
+    duplicates were given its result): under ``"skip"`` and ``"retry"`` it comes back later,
+    its hold following the message, rather than being dropped; under ``"raise"`` (and
+    ``"wait"`` past ``lock_wait``) its hold is given up and it fails with ``TaskLocked``."""
+    if run.scope.at_publish:
+        if run.policy.name in {"skip", "retry"}:
+            tell(run, "retry", None)
+            raise run.retry(locked(run, None, None), run.countdown(None), counted=False)
+        give_up_queued_hold(run)
+    return run.policy.conflict(run, None)
+
+
+def give_up_queued_hold(run: Run) -> None:
+    """Release the queue-scope hold of ``run``'s message (owner-checked: only if it is
+    still the message's)."""
+    owner = RedisLock(
+        run.client,
+        run.key,
+        token=queue_token(run.task_id, run.options.limit),
+        scripting=run.settings.scripting,
+        limit=run.options.limit,
+    )
+    try:
+        owner.release()
+    except LockNotOwned:
+        pass
+    except LockBackendError as exc:
+        log.error("could not give up the queued hold of %s: %s", run.key, exc)
 
 
 def on_conflict(run: Run, holders: list[Holder]) -> Any:

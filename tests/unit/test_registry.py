@@ -74,7 +74,7 @@ def test_every_rule_is_checked_once() -> None:
     """The combination rules of the options and of every mode, each once."""
     messages = [rule.message for rule in COMBINATIONS]
     assert len(messages) == len(set(messages))
-    assert len(COMBINATIONS) == 24
+    assert len(COMBINATIONS) == 23
 
 
 def test_the_park_figures_of_the_modes_page_are_the_code_s() -> None:

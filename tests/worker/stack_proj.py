@@ -99,6 +99,22 @@ def export_or_raise(report: str, tenant: str, size: int = 1, seconds: float = 0.
     return _section(report, tenant, _size_weight(report, tenant, size), seconds)
 
 
+@app.task(base=LockedTask, lock_keys=["report"], lock_scope="queue", lock_timeout=3,
+          lock_limits=[("tenant:{tenant}", PER_TENANT), ("global:exports", IN_ALL)])  # fmt: skip
+def export_queued(report: str, tenant: str, seconds: float = 0.0) -> str:
+    """Queue scope (skip): a duplicate call while one is queued or running publishes
+    nothing; the accepted call waits for room in its limits."""
+    return _section(report, tenant, 1, seconds)
+
+
+@app.task(base=LockedTask, lock_keys=["report"], lock_scope="queue", lock_on_conflict="raise",
+          lock_timeout=3,
+          lock_limits=[("tenant:{tenant}", PER_TENANT), ("global:exports", IN_ALL)])  # fmt: skip
+def export_queued_or_raise(report: str, tenant: str, seconds: float = 0.0) -> str:
+    """Queue scope (raise): a run held back by a limit fails, giving its hold up."""
+    return _section(report, tenant, 1, seconds)
+
+
 def weight_of(*args: Any, **kwargs: Any) -> int:
     """The weight export gives a call (for the tests)."""
     return _size_weight(*args, **kwargs)

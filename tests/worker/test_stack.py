@@ -172,3 +172,41 @@ def test_a_limit_that_holds_a_run_back_is_named(sp: ModuleType, data: redis.Redi
     finally:
         holder.release()
         data.delete(capacities)
+
+
+def test_queue_scope_keeps_the_accepted_call_until_it_fits(
+    sp: ModuleType, data: redis.Redis, workers: Any
+) -> None:
+    """Queue scope: with tenant t7 full, a call is accepted and its duplicate gets its
+    AsyncResult; its run is held back and comes back (its hold following it) until the
+    tenant has room, then runs once. Under "raise" the run fails with TaskLocked naming the
+    limit and gives its hold up, so the next call is published anew."""
+    workers(concurrency=2, app=APP)
+    capacities = stack_base("csl") + "limits"
+    data.hset(capacities, "tenant:t7", 1)
+    client = redis.Redis.from_url(sp.BROKER)
+    holder = RedisLock(
+        client,
+        sp.export.lock_key("hold", "t7"),
+        timeout=30,
+        stack=locking_for(sp.export).stack(("hold", "t7"), {}),
+    )
+    assert holder.acquire(blocking=False)
+    try:
+        first = sp.export_queued.delay("q1", "t7")
+        assert sp.export_queued.delay("q1", "t7").id == first.id  # a duplicate: deduplicated
+        time.sleep(2.0)
+        assert first.state != "SUCCESS"
+        assert int(data.get("done") or 0) == 0
+        failing = sp.export_queued_or_raise.delay("q2", "t7")
+        with pytest.raises(TaskLocked, match="tenant:t7"):
+            failing.get(timeout=30)
+        again = sp.export_queued_or_raise.delay("q2", "t7")
+        assert again.id != failing.id  # the failed call gave its hold up
+    finally:
+        holder.release()
+    assert first.get(timeout=30) == "ran"
+    again.get(timeout=30, propagate=False)  # ran, or held back by first: raised
+    assert again.state in {"SUCCESS", "FAILURE"}
+    assert int(data.get("done") or 0) >= 1
+    data.delete(capacities)
