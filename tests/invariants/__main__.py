@@ -49,6 +49,7 @@ def summarise(results: Sequence[Result]) -> dict[str, Any]:
     transport = 0
     modes: dict[str, Counter[str]] = {}
     examples: dict[str, dict[str, Any]] = {}
+    limits: dict[str, Counter[str]] = {}
     calls = failed = 0
     for spec, _, verdict in results:
         if verdict is None:
@@ -65,6 +66,12 @@ def summarise(results: Sequence[Result]) -> dict[str, Any]:
             counter["transport"] += row["transport"]
             counter["after_restart"] += row["after_restart"]
             counter.update({f"terminal:{k}": v for k, v in row["terminals"].items()})
+        for name, seen in figures.get("limits", {}).items():
+            row = limits.setdefault(name, Counter())
+            row["scenarios"] += 1
+            row["full"] += int(seen["peak"] >= seen["number"])
+            row["peak"] = max(row["peak"], seen["peak"])
+            row["number"] = seen["number"]
         transport += len(verdict.transport)
         for item in verdict.violations:
             if item.restart:
@@ -85,6 +92,7 @@ def summarise(results: Sequence[Result]) -> dict[str, Any]:
         "violations_after_restart": dict(sorted(restart.items())),
         "lost_in_transport": transport,
         "modes": {name: dict(sorted(c.items())) for name, c in sorted(modes.items())},
+        "limits": {name: dict(sorted(c.items())) for name, c in sorted(limits.items())},
         "examples": examples,
         "seeds_with_violations": sorted(
             {spec.seed for spec, _, v in results if v is not None and v.safe}
@@ -112,6 +120,11 @@ def _print(figures: dict[str, Any]) -> None:
                            if k.startswith("terminal:"))  # fmt: skip
         print(f"  {name:<16} {row.get('calls', 0):>4} / {row.get('violations', 0):>3} / "
               f"{row.get('after_restart', 0):>3}   {states}")  # fmt: skip
+    if figures.get("limits"):
+        print("stacked limits (highest weight inside, restarts included / number; full in):")
+        for name, row in figures["limits"].items():
+            print(f"  {name:<16} {row['peak']:>3} / {row['number']:<3} full in {row['full']} "
+                  f"of {row['scenarios']} scenario(s)")  # fmt: skip
     if figures["examples"]:
         print("one example per kind:")
         for label, example in figures["examples"].items():

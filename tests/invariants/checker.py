@@ -43,7 +43,13 @@ and lists every :class:`Violation`. The invariants, for every call the driver ma
    message that has not started (``dedup_into_started``); under ``lock_release="success"``
    a duplicate is deduplicated into a successful run only within its hold, and never into
    a failed run once it ended (``held_too_long``).
-8. **No lease is lost** unless the run's faults could cost one (``lease_lost``: the
+8. **Stacked limits hold** (``lock_limits``, ``lock_weight``): for every limit name a
+   call's arguments render (:func:`limit_shares`, as the package renders it: limits of
+   every task share one name space), the total weight of the runs inside it (body
+   intervals as for ``overlap``: a killed run is inside until its kill, one whose lease was
+   lost until it last saw it valid) never passes the limit's number when a run enters
+   (``limit_exceeded``: the limit, its peak, the number allowed, the runs inside).
+9. **No lease is lost** unless the run's faults could cost one (``lease_lost``: the
    runner's stalls are shorter than the lease; the soak pauses workers past it).
 
 A violation whose window contains a restart of the lock Redis (which loses every lock,
@@ -58,6 +64,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from celery_singleton_lock.limits import render_limit
 from tests.invariants.modes import MODES, Mode
 from tests.invariants.recording import KILL_LANDS
 from tests.invariants.records import BodyRun, Call, Exec, FaultRecord, Observation, Outcome
@@ -74,6 +81,7 @@ __all__ = [
     "check",
     "debounce_slack",
     "fault_allowance",
+    "limit_shares",
     "saturated_seconds",
 ]
 
@@ -94,6 +102,8 @@ KINDS: Mapping[str, str] = {
     "ran_after_superseded": "a body of a superseded call started after it was superseded",
     "superseded_not_stopped": "a running run replaced under lock_replace_running ran on",
     "overlap": "more runs of one key at once than lock_limit allows",
+    "limit_exceeded": "more weight inside a stacked limit (lock_limits) at once than its "
+    "number allows",
     "hold_not_kept": "a run started within lock_hold after a successful run",
     "ran_twice": "the body of one task id completed twice (queue scope, debounce)",
     "debounce_late": "a burst ran later than its deadline plus the slack",
@@ -300,6 +310,7 @@ class _Run:
             if call.result_id is not None:
                 self.by_result[call.result_id].append(call)
         self.by_own = {call.own_id: call for call in self.calls}
+        self.by_n = {call.n: call for call in self.calls}
         self.bodies: dict[str, list[BodyRun]] = defaultdict(list)
         for body in obs.bodies:  # a start recorded just as its process was being killed
             kill = next((k for k in obs.kills if k.pid == body.pid
@@ -323,6 +334,8 @@ class _Run:
         self.terminals: dict[int, str] = {}
         #: Calls (per result id) whose terminal state their mode does not allow.
         self.disallowed: dict[str, list[Call]] = defaultdict(list)
+        #: Stacked limits: the highest weight seen inside each name, and its number.
+        self.limit_peaks: dict[str, dict[str, int]] = {}
 
     def outcome(self, task_id: str) -> Outcome:
         return self.obs.outcomes.get(task_id) or Outcome(task_id, "PENDING")
@@ -604,6 +617,91 @@ def _check_overlaps(run: _Run) -> None:
             active.append((span, body))
 
 
+def limit_shares(mode: Mode, bound: Mapping[str, Any]) -> tuple[int, dict[str, int]]:
+    """(weight, {limit name: number}) of a run of ``mode`` with the ``bound`` arguments,
+    as the package takes them: each template rendered by the package's own
+    :func:`~celery_singleton_lock.limits.render_limit`, two templates rendering one name
+    counting its smaller number, a callable weight called with the arguments as keywords.
+    ``(1, {})`` for a mode without stacked limits."""
+    numbers: dict[str, int] = {}
+    for template, number in mode.limits:
+        name = render_limit(template, bound)
+        numbers[name] = min(number, numbers.get(name, number))
+    if not numbers:
+        return 1, numbers
+    weight = mode.weight(**bound) if callable(mode.weight) else mode.weight
+    return int(weight), numbers
+
+
+def _bound(run: _Run, body: BodyRun) -> dict[str, Any]:
+    """The arguments a body ran with, bound to the modes' signature ``(key, n, seconds,
+    fail=False)``: the body's key and n, and the seconds and fail of the call of that n."""
+    call = run.by_n.get(body.n)
+    seconds, fail = (call.seconds, call.fail) if call is not None else (0.0, False)
+    return {"key": body.key, "n": body.n, "seconds": seconds, "fail": fail}
+
+
+def _check_limits(run: _Run) -> None:
+    """Per limit name, sweep the body intervals of every run with a share in it (ends before
+    starts at one moment, as the overlap check counts them): a run that enters while the
+    weight inside plus its own passes its number opens an episode, which lasts until the
+    weight inside is back within that number, and is flagged once with every run inside
+    during it and the peak weight."""
+    per_name: dict[str, list[tuple[float, int, int, int, BodyRun]]] = defaultdict(list)
+    for body in run.obs.bodies:
+        mode = run.modes[body.mode]
+        if not mode.limits:
+            continue
+        weight, numbers = limit_shares(mode, _bound(run, body))
+        start, end, _ = _occupancy(run, mode, body)
+        for name, number in numbers.items():
+            per_name[name].append((start, 1, weight, number, body))
+            per_name[name].append((max(end, start), 0, weight, number, body))
+    for name, events in per_name.items():
+        events.sort(key=lambda event: (event[0], event[1]))
+        inside: dict[str, tuple[int, BodyRun]] = {}
+        episode: dict[str, Any] | None = None
+        seen = run.limit_peaks.setdefault(name, {"peak": 0, "number": events[0][3]})
+        for moment, starts, weight, number, body in events:
+            if not starts:
+                inside.pop(body.id, None)
+                total = sum(w for w, _ in inside.values())
+                if episode is not None and total <= episode["allowed"]:
+                    _flag_limit(run, name, episode, moment)
+                    episode = None
+                continue
+            inside[body.id] = (weight, body)
+            total = sum(w for w, _ in inside.values())
+            seen["peak"], seen["number"] = max(seen["peak"], total), min(seen["number"], number)
+            if episode is None and total > number:
+                episode = {"allowed": number, "peak": total, "first": body, "start": moment,
+                           "runs": dict(inside)}  # fmt: skip
+            elif episode is not None:
+                episode["peak"] = max(episode["peak"], total)
+                episode["runs"][body.id] = (weight, body)
+        if episode is not None:
+            _flag_limit(run, name, episode, run.obs.ended)
+
+
+def _flag_limit(run: _Run, name: str, episode: dict[str, Any], until: float) -> None:
+    runs: list[tuple[int, BodyRun]] = sorted(episode["runs"].values(), key=lambda r: r[1].start)
+    start, first = episode["start"], episode["first"]
+    names = ", ".join(
+        f"n={b.n} w{w} {b.mode} {b.key} [{b.task_id[:8]} {b.start - start:+.2f}.."
+        f"{(b.until() if b.until() is not None else run.obs.ended) - start:+.2f} "
+        f"{b.how or 'running'}]"
+        for w, b in runs
+    )
+    calls = [run.by_own[b.task_id] for _, b in runs if b.task_id in run.by_own]
+    earliest = min(b.start for _, b in runs)
+    run.flag("limit_exceeded", calls,
+             f"at most weight {episode['allowed']} inside limit {name!r} at once",
+             f"peak weight {episode['peak']} (allowed {episode['allowed']}) from n={first.n} "
+             f"({first.task_id[:8]}) entering, for {until - start:.2f} s: {names}",
+             (earliest, until), [b.task_id for _, b in runs], mode=first.mode,
+             key=name)  # fmt: skip
+
+
 def _check_once(run: _Run) -> None:
     per_id: dict[str, list[BodyRun]] = defaultdict(list)
     for body in run.obs.bodies:
@@ -837,6 +935,7 @@ def check(obs: Observation, modes: Mapping[str, Mode] = MODES) -> Verdict:
     for rid in run.by_result:
         _check_result(run, rid)
     _check_overlaps(run)
+    _check_limits(run)
     _check_once(run)
     _check_rates(run)
     _check_debounce(run)
@@ -882,6 +981,7 @@ def _figures(run: _Run) -> dict[str, Any]:
         "violations": dict(sorted(by_group["violations"].items())),
         "lost_in_transport": sum(by_group["transport"].values()),
         "violations_after_restart": dict(sorted(by_group["after_restart"].items())),
+        "limits": dict(sorted(run.limit_peaks.items())),
         "modes": {
             name: {**row, "terminals": dict(sorted(row["terminals"].items()))}
             for name, row in sorted(per_mode.items())

@@ -9,11 +9,15 @@ body raise after it ran (a failed run: under ``lock_release="success"`` it must 
 a body function supplied by the caller (:mod:`tests.invariants.recording`).
 
 A call's *terminal state* is one of :data:`TERMINALS`; each mode lists those it allows.
+
+The stacked modes (``stack_*``) describe their ``lock_limits`` and ``lock_weight`` in the
+:class:`Mode` itself (``limits``, ``weight``; :data:`STACK` and :func:`stack_weight`), and
+the checker reads them from there to prove no limit is ever exceeded.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, cast
@@ -33,10 +37,12 @@ __all__ = [
     "MAX_WAIT",
     "MODES",
     "RATE",
+    "STACK",
     "TERMINALS",
     "Body",
     "Mode",
     "register",
+    "stack_weight",
     "task_name",
 ]
 
@@ -69,6 +75,19 @@ MAX_WAIT = 1.5
 LOCK_WAIT = 60.0
 #: ``lock_retry_delay`` of the retrying modes.
 RETRY_DELAY = 0.3
+#: ``lock_limits`` of the stacked modes: weight 3 per key name and 4 in all. The templates
+#: render from the call's arguments, and a limit's name is shared by every task of the app
+#: (one stack per ``singleton_lock_prefix``): ``grp:k0`` is one budget for key ``k0`` of
+#: every stacked mode of a scenario (several lock keys, as each task's lock key differs),
+#: ``global`` one budget for all of their runs.
+STACK: tuple[tuple[str, int], ...] = (("grp:{key}", 3), ("global", 4))
+
+
+def stack_weight(key: str, n: int, seconds: float, fail: bool = False) -> int:
+    """``lock_weight`` of the stacked modes (called with the bound arguments as keywords):
+    every third call is heavy (2), the others weigh 1."""
+    del key, seconds, fail
+    return 2 if n % 3 == 0 else 1
 
 
 @dataclass(frozen=True)
@@ -103,17 +122,31 @@ class Mode:
     may_fail: bool = False
     #: The calls of one key start in the order they were made (lock_order="enqueue").
     ordered: bool = False
+    #: Stacked limits (``lock_limits``): (template over the task's parameters, N) pairs. The
+    #: checker renders each call's limit names from its arguments and proves that the
+    #: weight of the runs inside a name never passes N (``limit_exceeded``).
+    limits: tuple[tuple[str, int], ...] = ()
+    #: ``lock_weight`` with ``limits``: an int, or a callable of the bound arguments
+    #: (``key``, ``n``, ``seconds``, ``fail``, as keywords) returning one.
+    weight: int | Callable[..., int] = 1
     extra: Mapping[str, Any] = field(default_factory=dict)
 
 
 def _mode(name: str, summary: str, terminals: str, **kwargs: Any) -> Mode:
     options = kwargs.pop("options", {})
+    if kwargs.get("limits"):  # the task options follow the Mode's own description
+        options = {**options, "lock_limits": [list(pair) for pair in kwargs["limits"]],
+                   "lock_weight": kwargs.get("weight", 1)}  # fmt: skip
     # A late copy of a call recorded as finished never runs again (queue scope, order, a
     # parked call handed its key): when that run's worker died before storing its result,
     # the copy stores ResultLost.
     if kwargs.get("once_per_id") or options.get("lock_on_conflict") == "park":
         terminals += " result_lost"
     return Mode(name, summary, MappingProxyType(options), frozenset(terminals.split()), **kwargs)
+
+
+def _stack_text(limits: Sequence[tuple[str, int]]) -> str:
+    return "[" + ", ".join(f"{template}:{number}" for template, number in limits) + "]"
 
 
 _QUEUE = {"lock_scope": "queue"}
@@ -231,6 +264,25 @@ MODES: Mapping[str, Mode] = MappingProxyType(
                 "park_limit2_rate", f"lock_limit=2, lock_rate_limit={RATE!r}, park", "ran",
                 options={**_PARK, "lock_limit": 2, "lock_rate_limit": RATE}, limit=2,
                 rate=RATE_PARSED,
+            ),
+            _mode(
+                "stack_wait", f"lock_limit=2 + lock_limits={_stack_text(STACK)}, weighted, wait",
+                "ran raised",
+                options={"lock_limit": 2, "lock_on_conflict": "wait", "lock_wait": LOCK_WAIT},
+                limit=2, limits=STACK, weight=stack_weight,
+            ),
+            _mode(
+                "stack_skip", f"lock_limits={_stack_text(STACK)}, weighted, skip", "ran skipped",
+                limits=STACK, weight=stack_weight,
+            ),
+            _mode(
+                "stack_retry", f"lock_limits={_stack_text(STACK)}, weighted, retry", "ran",
+                options={"lock_on_conflict": "retry", "lock_retry_delay": RETRY_DELAY},
+                limits=STACK, weight=stack_weight,
+            ),
+            _mode(
+                "stack_raise", f"lock_limits={_stack_text(STACK)}, weighted, raise", "ran raised",
+                options={"lock_on_conflict": "raise"}, limits=STACK, weight=stack_weight,
             ),
             _mode(
                 "success_queue", f"queue scope, lock_release='success', hold {HOLD} s",

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from tests.invariants.checker import STOP_GRACE, check, saturated_seconds
-from tests.invariants.modes import HOLD
+from tests.invariants.checker import STOP_GRACE, check, limit_shares, saturated_seconds
+from tests.invariants.modes import HOLD, MODES, STACK, Mode
 from tests.invariants.records import (
     BodyRun,
     Call,
@@ -365,3 +365,100 @@ def test_a_message_left_unacknowledged_names_kombu_s_restore_mutex_when_held() -
     assert "restore mutex" not in check(r.obs).violations[0].got
     r.obs.notes["restore_mutex_ms"] = 250_000
     assert "kombu's restore mutex still held, 250 s left" in check(r.obs).violations[0].got
+
+
+def test_a_call_s_limits_render_from_its_arguments_as_the_package_renders_them() -> None:
+    """The checker reads the limits from the Mode: names rendered by the package's own
+    render_limit, every third call heavy."""
+    assert STACK == (("grp:{key}", 3), ("global", 4))
+    bound = {"key": "k1", "n": 3, "seconds": 0.2, "fail": False}
+    assert limit_shares(MODES["stack_wait"], bound) == (2, {"grp:k1": 3, "global": 4})
+    assert limit_shares(MODES["stack_skip"], {**bound, "n": 4}) == (1, {"grp:k1": 3, "global": 4})
+    assert limit_shares(MODES["run_wait"], bound) == (1, {})
+    # Two templates rendering one name count its smaller number; an odd value is digested.
+    odd = Mode("odd", "", {}, frozenset({"ran"}), limits=(("a:{key}", 5), ("a:{key}", 2)))
+    weight, numbers = limit_shares(odd, {**bound, "key": "x y"})
+    assert weight == 1
+    assert [(name[:3], number) for name, number in numbers.items()] == [("a:#", 2)]
+
+
+def _stacked() -> Records:
+    """Three stacked modes sharing grp:k0 and global: a heavy run (call 0, weight 2) of
+    stack_wait k0, a light one of stack_skip k0 (3 in grp:k0) and one of stack_retry k1
+    (4 in global): full, never over."""
+    r = Records()
+    heavy = r.call("stack_wait", 1.0)  # n=0: weight 2
+    light = r.call("stack_skip", 1.1)  # n=1: weight 1
+    other = r.call("stack_retry", 1.2, key="k1")  # n=2: weight 1
+    r.ran(heavy, 1.0, 3.0)
+    r.ran(light, 1.5, 2.5, pid=11)
+    r.ran(other, 1.6, 2.6, pid=12)
+    return r
+
+
+def test_stacked_limits_full_but_never_over_pass() -> None:
+    r = _stacked()
+    late = r.call("stack_raise", 2.5, key="k1")  # n=3: weight 2
+    r.ran(late, 2.6, 3.5, pid=13)  # as the others leave (an end counts first): 2 + 2 in global
+    verdict = check(r.obs)
+    assert verdict.violations == []
+    assert verdict.terminals == {0: "ran", 1: "ran", 2: "ran", 3: "ran"}
+
+
+def test_a_run_entering_a_full_limit_is_reported() -> None:
+    """A heavy run of key k1 entering while global holds 4: limit_exceeded on global (peak
+    6, allowed 4, every run inside named), not on grp:k1 (2 + 1 = 3 fits)."""
+    r = _stacked()
+    late = r.call("stack_raise", 2.0, key="k1")  # n=3: weight 2
+    r.ran(late, 2.0, 2.2, pid=13)
+    verdict = check(r.obs)
+    assert [(v.kind, v.key) for v in verdict.violations] == [("limit_exceeded", "global")]
+    found = verdict.violations[0]
+    assert found.mode == "stack_raise"
+    assert "peak weight 6 (allowed 4)" in found.got
+    assert found.calls == [0, 1, 2, 3]
+    assert found.window == (1.0, 2.2)
+    assert found.restart is False
+
+
+def test_a_group_limit_counts_weights_across_modes() -> None:
+    """grp:k0 is one budget for key k0 of every stacked mode: a second heavy run of k0
+    (another mode, so another lock key) beside the first makes 2 + 2 > 3."""
+    r = _stacked()
+    r.obs.bodies[1].end, r.obs.bodies[2].end = 1.9, 1.7  # global: 2 + 2 = 4 fits
+    late = r.call("stack_raise", 2.0)  # n=3: weight 2, key k0: 2 + 2 in grp:k0
+    r.ran(late, 2.0, 2.2, pid=13)
+    assert [(v.kind, v.key) for v in check(r.obs).violations] == [("limit_exceeded", "grp:k0")]
+
+
+def test_a_killed_run_leaves_a_limit_at_its_kill() -> None:
+    """As for overlap: a killed run is inside until its kill; one still running at the end
+    is inside until the end."""
+    r = _stacked()
+    r.obs.bodies[0].end, r.obs.bodies[0].how = 2.0, "killed"
+    late = r.call("stack_raise", 2.0, key="k1")  # n=3: weight 2: 1 + 1 + 2 = 4 in global
+    r.ran(late, 2.05, 2.2, pid=13)
+    r.body(r.obs.calls[0].own_id, 0, 3.0, 3.5, mode="stack_wait", pid=14)  # redelivered
+    assert r.kinds() == []
+    r.obs.bodies[0].end, r.obs.bodies[0].how = None, None  # never ended: inside till the end
+    found = sorted((v.kind, v.key, v.calls) for v in check(r.obs).violations)
+    assert found == [
+        ("limit_exceeded", "global", [0, 1, 2, 3]),  # 2 + 1 + 1 + 2 as call 3 enters
+        ("limit_exceeded", "grp:k0", [0]),  # 2 + 2 as the redelivery of call 0 enters
+    ]
+
+
+def test_the_limits_are_read_from_the_mode() -> None:
+    """A mode of the caller's own (a fixed weight, a template over the key) is judged by
+    its own numbers; a restart of the lock Redis in the window is counted apart."""
+    mine = Mode("mine", "", {}, frozenset({"ran"}), limit=2, limits=(("tenant:{key}", 1),))
+    r = Records()
+    one, two = r.call("mine", 1.0), r.call("mine", 1.1, key="k1")
+    r.ran(one, 1.0, 2.0)
+    r.ran(two, 1.5, 2.5)  # another tenant: fits
+    assert check(r.obs, {"mine": mine}).violations == []
+    r.obs.bodies[1].key = "k0"
+    verdict = check(r.obs, {"mine": mine})
+    assert [(v.kind, v.key) for v in verdict.violations] == [("limit_exceeded", "tenant:k0")]
+    r.obs.faults.append(FaultRecord("redis_restart", 1.2, 1.3))
+    assert check(r.obs, {"mine": mine}).safe == []

@@ -37,8 +37,12 @@ SCENARIOS = {
         2103, ["coalesce", "replace", "replace_running", "coalesce_rate"],
         ["child_kill", "redis_stall"], False,
     ),
-    "debounce": (2104, ["debounce", "debounce_max", "run_wait"], ["child_kill", "redis_stall"],
-                 False),
+    # run_wait runs in run_scope already: its place here goes to the stacked limits (three
+    # modes sharing grp:{key} and global budgets), at the size of the other scenarios.
+    "debounce_and_stacked": (
+        2104, ["debounce", "debounce_max", "stack_wait", "stack_skip", "stack_retry"],
+        ["child_kill", "redis_stall"], False,
+    ),
     "throttle_and_lifetimes": (
         2105, ["rate_retry", "success_run", "limit2_success"], ["worker_kill", "redis_stall"],
         False,
