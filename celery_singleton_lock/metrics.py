@@ -25,6 +25,17 @@ Metrics (label ``task`` is the task name; no label ever carries a lock key)::
     celery_singleton_lock_parked_total{task}              calls parked on a held key
     celery_singleton_lock_unparked_total{task}            parked calls handed their key, started
 
+Gauges of the stacked limits (``lock_limits``), read from the lock Redis at each scrape of a
+worker's ``/metrics`` (``install(app, port=...)``; :class:`LimitsCollector`)::
+
+    celery_singleton_lock_limit_in_use{limit}   weight of the live shares of the limit
+    celery_singleton_lock_limit_holds{limit}    runs holding a share of it
+    celery_singleton_lock_limit_number{limit}   the number that applies now (Redis, else code)
+
+``limit`` is a limit's name (``global:exports``, ``tenant:acme``): at most
+``LIMIT_SERIES`` series per gauge, the fullest limits first (a template over an argument
+with many values would otherwise make one series per value).
+
 Every label comes from a bounded set, so no series is made per call, key or process:
 ``task`` is the name of the task that sent the signal, or ``unknown`` when the sender is not
 a task (``celery locks reap`` freeing a hold whose task its app does not know sends it from
@@ -43,6 +54,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import math
 import os
 import threading
 from dataclasses import dataclass
@@ -64,19 +76,33 @@ from celery_singleton_lock._observe import (
     lock_throttled,
     lock_unparked,
 )
+from celery_singleton_lock.client import redis_for
+from celery_singleton_lock.config import settings_for
+from celery_singleton_lock.ops.limits import LimitRow, code_limits, read_limits
 from celery_singleton_lock.options import CONFLICT_POLICIES, SCOPES
 
 try:
     from prometheus_client import REGISTRY, CollectorRegistry, Counter, Histogram
     from prometheus_client import start_http_server as _start_http_server
+    from prometheus_client.core import GaugeMetricFamily
     from prometheus_client.multiprocess import MultiProcessCollector
+    from prometheus_client.registry import Collector
 except ImportError as exc:  # pragma: no cover - depends on the environment
     raise ImportError(
         "celery_singleton_lock.metrics needs prometheus_client: "
         "pip install 'celery-singleton-lock[metrics]'"
     ) from exc
 
-__all__ = ["LockMetrics", "enable", "install", "multiprocess_dir", "reference_markdown", "serve"]
+__all__ = [
+    "LIMIT_SERIES",
+    "LimitsCollector",
+    "LockMetrics",
+    "enable",
+    "install",
+    "multiprocess_dir",
+    "reference_markdown",
+    "serve",
+]
 
 log = logging.getLogger("celery_singleton_lock.metrics")
 
@@ -91,6 +117,48 @@ UNKNOWN = "unknown"
 SCOPE_LABELS = frozenset(SCOPES)
 #: The ``policy`` label's values: the conflict policies, and a debounced call's.
 POLICY_LABELS = frozenset((*CONFLICT_POLICIES, "debounce"))
+#: The most ``limit`` series each limit gauge shows (the fullest limits first).
+LIMIT_SERIES = 100
+#: The limit gauges: (name, help).
+LIMIT_GAUGES = (
+    ("limit_in_use", "Weight of the live shares of a stacked limit (lock_limits)."),
+    ("limit_holds", "Runs holding a share of a stacked limit (lock_limits)."),
+    ("limit_number", "The number of a stacked limit that applies now (set in Redis, else code)."),
+)
+
+
+class LimitsCollector(Collector):
+    """The limit gauges of ``app``, read from its lock Redis when scraped (one ``HGETALL``,
+    a ``SCAN`` of the app's limit keys and one pipelined read; see ``celery locks limit
+    list``, which shows the same). A Redis error is logged and the gauges are left out of
+    that scrape."""
+
+    def __init__(self, app: Any, most: int = LIMIT_SERIES) -> None:
+        self.app = app
+        self.most = most
+
+    def describe(self) -> list[Any]:
+        return [GaugeMetricFamily(f"{PREFIX}_{name}", text) for name, text in LIMIT_GAUGES]
+
+    def collect(self) -> list[Any]:
+        try:
+            rows = limit_rows(self.app)
+        except Exception as exc:  # noqa: BLE001 - a scrape never fails for the locks
+            log.warning("singleton lock metrics: could not read the stacked limits: %s", exc)
+            return []
+        families = [
+            GaugeMetricFamily(f"{PREFIX}_{name}", text, labels=["limit"])
+            for name, text in LIMIT_GAUGES
+        ]
+        live = [row for row in rows if row.in_use is not None]
+        live.sort(key=lambda row: (-(row.in_use or 0), row.name))
+        for row in live[: self.most]:
+            number = min(row.applies, default=None)
+            values = (row.in_use, row.holds, number)
+            for family, value in zip(families, values, strict=True):
+                if value is not None and value != math.inf:
+                    family.add_metric([row.name], float(value))
+        return families
 
 
 @dataclass(frozen=True)
@@ -302,19 +370,35 @@ def enable(registry: CollectorRegistry | None = None) -> LockMetrics:
     return found
 
 
+def limit_rows(app: Any) -> list[LimitRow]:
+    """The stacked limits of ``app`` as ``celery locks limit list`` reads them."""
+    settings = settings_for(app)
+    client = redis_for(app, settings.url)
+    return read_limits(client, settings.prefix, code_limits(app))
+
+
 def multiprocess_dir() -> str | None:
     """The ``PROMETHEUS_MULTIPROC_DIR`` in effect, None when not in multiprocess mode."""
     return os.environ.get("PROMETHEUS_MULTIPROC_DIR") or None
 
 
-def serve(port: int, addr: str = "0.0.0.0", registry: CollectorRegistry | None = None) -> Any:  # noqa: S104 - prometheus_client's own default
+def serve(
+    port: int,
+    addr: str = "0.0.0.0",  # noqa: S104 - prometheus_client's own default
+    registry: CollectorRegistry | None = None,
+    app: Any = None,
+) -> Any:
     """Serve ``/metrics`` on ``addr:port`` from a daemon thread; returns the server (or
     whatever ``prometheus_client.start_http_server`` returns). In multiprocess mode it
-    serves the sum over every process that wrote to ``PROMETHEUS_MULTIPROC_DIR``."""
+    serves the sum over every process that wrote to ``PROMETHEUS_MULTIPROC_DIR``. With
+    ``app``, the gauges of its stacked limits too (:class:`LimitsCollector`)."""
     if registry is None and multiprocess_dir():
         registry = CollectorRegistry()
         MultiProcessCollector(registry)  # type: ignore[no-untyped-call]
-    return _start_http_server(port, addr=addr, registry=registry or REGISTRY)
+    registry = registry or REGISTRY
+    if app is not None:
+        registry.register(LimitsCollector(app))
+    return _start_http_server(port, addr=addr, registry=registry)
 
 
 class MetricsServer(bootsteps.StartStopStep):
@@ -336,7 +420,7 @@ class MetricsServer(bootsteps.StartStopStep):
                 "PROMETHEUS_MULTIPROC_DIR is not set, so /metrics shows none of it; set it "
                 "to an empty directory in the worker's environment"
             )
-        started = serve(self.port, self.addr)
+        started = serve(self.port, self.addr, app=worker.app)
         self.server = started[0] if isinstance(started, tuple) else started
         log.info("singleton lock metrics on http://%s:%d/metrics", self.addr, self.port)
 
@@ -373,4 +457,6 @@ def reference_markdown() -> str:
         labels = ", ".join(f"`{label}`" for label in metric._labelnames)
         what = family.documentation.replace("|", "\\|")
         lines.append(f"| `{exposed}` | {family.type} | {labels} | {what} |")
+    for name, text in LIMIT_GAUGES:
+        lines.append(f"| `{PREFIX}_{name}` | gauge | `limit` | {text} Read at each scrape. |")
     return "\n".join(lines) + "\n"

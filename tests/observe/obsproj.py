@@ -116,3 +116,11 @@ def queued(name: str, seconds: float) -> str:
     """Queue scope: a duplicate .delay() while one is queued or running publishes nothing."""
     time.sleep(seconds)
     return "ran"
+
+
+@app.task(name="obs.export", base=LockedTask, lock_keys=["name"],
+          lock_limits=[("tenant:{tenant}", 4), ("global:exports", 10)], lock_weight=2)  # fmt: skip
+def export(name: str, tenant: str, seconds: float) -> str:
+    """Stacked limits: its limits' use shows as gauges."""
+    time.sleep(seconds)
+    return name

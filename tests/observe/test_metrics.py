@@ -3,6 +3,7 @@ processes count in ``PROMETHEUS_MULTIPROC_DIR``."""
 
 from __future__ import annotations
 
+import time
 import urllib.request
 from pathlib import Path
 from types import ModuleType
@@ -11,6 +12,7 @@ import pytest
 import redis
 from prometheus_client.parser import text_string_to_metric_families
 
+from celery_singleton_lock.engine.stack import stack_base
 from celery_singleton_lock.testing import CeleryWorker
 from tests.observe.conftest import wait_signal
 
@@ -91,3 +93,34 @@ def test_worker_metrics_count_every_pool_process(
     sample = Path(__file__).resolve().parents[2] / "build" / "metrics-sample.txt"
     sample.parent.mkdir(exist_ok=True)
     sample.write_text(text, encoding="utf-8")
+
+
+def test_worker_metrics_show_the_stacked_limits(
+    obsproj: ModuleType, obs_worker: CeleryWorker, metrics_port: int, data: redis.Redis, name: str
+) -> None:
+    """While a weight-2 export runs, the worker's /metrics shows its tenant's and the global
+    limit's use, holds and number (the tenant's as set in Redis); both go back to 0 after."""
+    tenant = f"t{name}"
+    capacities = stack_base("obs") + "limits"  # obsproj's singleton_lock_prefix
+    data.hset(capacities, f"tenant:{tenant}", 3)
+    try:
+        running = obsproj.export.delay(name, tenant, 3.0)
+
+        def shown() -> Samples:
+            return scrape(metrics_port)[1]
+
+        deadline = time.monotonic() + 20
+        samples = shown()
+        while value(samples, "celery_singleton_lock_limit_holds", limit=f"tenant:{tenant}") < 1:
+            assert time.monotonic() < deadline, "the running export never showed"
+            time.sleep(0.2)
+            samples = shown()
+        assert value(samples, "celery_singleton_lock_limit_in_use", limit=f"tenant:{tenant}") == 2
+        assert value(samples, "celery_singleton_lock_limit_number", limit=f"tenant:{tenant}") == 3
+        assert value(samples, "celery_singleton_lock_limit_number", limit="global:exports") == 10
+        assert value(samples, "celery_singleton_lock_limit_in_use", limit="global:exports") >= 2
+        assert running.get(timeout=30) == name
+        after = shown()
+        assert value(after, "celery_singleton_lock_limit_in_use", limit=f"tenant:{tenant}") == 0
+    finally:
+        data.delete(capacities)
