@@ -26,6 +26,7 @@ from celery_singleton_lock.engine.keyspace import (
     companion_key,
 )
 from celery_singleton_lock.engine.scripts import SCRIPTS
+from celery_singleton_lock.engine.stack import is_stacked
 from celery_singleton_lock.engine.wire import LockClient, call
 
 if TYPE_CHECKING:
@@ -227,6 +228,10 @@ def _hand_over(
         where, value, ttl_ms = record
         keys.append(where)
         args += [value, ttl_ms]
+    if is_stacked(name):  # ARGV[7]: the ending run's shares of its stacked limits go back
+        if record is None:
+            args += ["", 0]
+        args.append("1")
     reply = call(name, _HAND_OVER, client, len(keys), *keys, *args)
     code = int(reply[0])
     if code == 0:

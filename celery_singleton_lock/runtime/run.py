@@ -143,11 +143,12 @@ def on_limit(run: Run) -> Any:
     """The key was free (or held for this very call: its queue-scope hold) but a stacked
     limit (``lock_limits``) had no room for the run. In run scope the run meets its
     conflict policy. In queue scope the call was accepted when it was published (its
-    duplicates were given its result): under ``"skip"`` and ``"retry"`` it comes back later,
-    its hold following the message, rather than being dropped; under ``"raise"`` (and
-    ``"wait"`` past ``lock_wait``) its hold is given up and it fails with ``TaskLocked``."""
+    duplicates were given its result, or it is a follow-up handed the key): under
+    ``"skip"``, ``"retry"``, ``"coalesce"`` and ``"replace"`` it comes back later, its hold
+    following the message, rather than being dropped; under ``"raise"`` (and ``"wait"``
+    past ``lock_wait``) its hold is given up and it fails with ``TaskLocked``."""
     if run.scope.at_publish:
-        if run.policy.name in {"skip", "retry"}:
+        if run.policy.name not in {"raise", "wait"}:
             tell(run, "retry", None)
             raise run.retry(locked(run, None, None), run.countdown(None), counted=False)
         give_up_queued_hold(run)

@@ -115,6 +115,28 @@ def export_queued_or_raise(report: str, tenant: str, seconds: float = 0.0) -> st
     return _section(report, tenant, 1, seconds)
 
 
+@app.task(base=LockedTask, lock_keys=["report"], lock_scope="queue", lock_on_conflict="coalesce",
+          lock_timeout=3, lock_retry_delay=0.3,
+          lock_limits=[("tenant:{tenant}", PER_TENANT), ("global:exports", IN_ALL)])  # fmt: skip
+def export_latest(report: str, tenant: str, value: int, seconds: float = 0.0) -> int:
+    """Keep latest: calls made while one is queued or running become one follow-up (the
+    latest arguments win), which takes its shares when it runs."""
+    data().rpush(f"values:{report}", value)
+    _section(report, tenant, 1, seconds)
+    return value
+
+
+@app.task(base=LockedTask, lock_keys=["report"], lock_scope="queue", lock_on_conflict="replace",
+          lock_replace_running=True, lock_timeout=3, lock_retry_delay=0.3,
+          lock_limits=[("tenant:{tenant}", PER_TENANT), ("global:exports", IN_ALL)])  # fmt: skip
+def export_replacing(report: str, tenant: str, value: int, seconds: float = 0.0) -> int:
+    """Replace: a new call supersedes a queued one, and revokes a running one (terminate),
+    taking the key (and its own shares) once that run has stopped."""
+    data().rpush(f"values:{report}", value)
+    _section(report, tenant, 1, seconds)
+    return value
+
+
 def weight_of(*args: Any, **kwargs: Any) -> int:
     """The weight export gives a call (for the tests)."""
     return _size_weight(*args, **kwargs)

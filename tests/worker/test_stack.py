@@ -210,3 +210,56 @@ def test_queue_scope_keeps_the_accepted_call_until_it_fits(
     assert again.state in {"SUCCESS", "FAILURE"}
     assert int(data.get("done") or 0) >= 1
     data.delete(capacities)
+
+
+def test_coalesce_hands_the_key_and_the_follow_up_takes_its_shares(
+    sp: ModuleType, data: redis.Redis, workers: Any
+) -> None:
+    """Keep latest with stacked limits: while the first call runs, two more become one
+    follow-up (latest arguments); the tenant's number is lowered to 0 meanwhile, so when
+    the first run ends (its shares given back in the hand-over) the follow-up, handed the
+    key, is held back and comes back with its hold; raised to 1, it runs once, with the
+    latest arguments, and every share is given back at the end."""
+    workers(concurrency=2, app=APP)
+    capacities = stack_base("csl") + "limits"
+    first = sp.export_latest.delay("c1", "t8", 1, 1.5)
+    assert wait_for(lambda: int(data.get("in:t8") or 0) == 1, timeout=30)
+    second = sp.export_latest.delay("c1", "t8", 2)
+    third = sp.export_latest.delay("c1", "t8", 3)
+    assert second.id == third.id != first.id
+    data.hset(capacities, "tenant:t8", 0)
+    try:
+        assert first.get(timeout=30) == 1
+        time.sleep(1.5)
+        assert data.lrange("values:c1", 0, -1) == ["1"]  # the follow-up is held back
+        assert data.zcard(stack_base("csl") + "limit:tenant:t8") == 0
+    finally:
+        data.hset(capacities, "tenant:t8", 1)
+    assert third.get(timeout=30) == 3
+    assert data.lrange("values:c1", 0, -1) == ["1", "3"]
+    assert data.zcard(stack_base("csl") + "limit:tenant:t8") == 0
+    assert data.zcard(stack_base("csl") + "limit:global:exports") == 0
+    data.delete(capacities)
+
+
+def test_replace_running_frees_the_revoked_runs_shares(
+    sp: ModuleType, data: redis.Redis, workers: Any
+) -> None:
+    """Replace with lock_replace_running: a call made while the first runs revokes it
+    (terminate); the new call runs once that run has stopped (its tenant's number is 1:
+    it could not get in while the revoked run's share was held), and the revoked run's
+    shares are gone from every limit."""
+    workers(concurrency=2, app=APP)
+    capacities = stack_base("csl") + "limits"
+    data.hset(capacities, "tenant:t9", 1)
+    try:
+        first = sp.export_replacing.delay("p1", "t9", 1, 60.0)
+        assert wait_for(lambda: int(data.get("in:t9") or 0) == 1, timeout=30)
+        second = sp.export_replacing.delay("p1", "t9", 2)
+        assert second.get(timeout=60) == 2
+        assert first.state == "REVOKED"
+        assert data.lrange("values:p1", 0, -1) == ["1", "2"]
+        assert data.zcard(stack_base("csl") + "limit:tenant:t9") == 0
+        assert data.zcard(stack_base("csl") + "limit:global:exports") == 0
+    finally:
+        data.delete(capacities)

@@ -13,7 +13,8 @@
 -- ARGV[1] owner token of the run that ends ('' for none), ARGV[2] the follow-up's queue
 -- lease (ms), ARGV[3] how long the handed call is kept (ms), ARGV[4] the fencing token of
 -- the hold that ends (a retry is recognised by owner and fencing token), ARGV[5] the task
--- id to record in KEYS[5], ARGV[6] how long it is kept (ms)
+-- id to record in KEYS[5], ARGV[6] how long it is kept (ms), ARGV[7] (optional) '1': the
+-- lock has stacked limits: the ending run's shares are given back (lib/stack.lua)
 -- returns {0, pending}: not owned and nothing left behind to hand over (pending: 1 while a
 --            follow-up waits for a holder that still holds the key)
 --         {1, task id, arguments, content type, encoding, options}: the lock now belongs to
@@ -41,6 +42,7 @@ local current = redis.call('GET', KEYS[1])
 local flag, fence = nil, nil
 if current and ARGV[1] ~= '' then flag, fence = owned(current, ARGV[1]) end
 if flag then
+  if ARGV[7] == '1' then stack_drop(base(KEYS[1]), ARGV[1]) end
   local p = pending_call(KEYS[3])
   if not p[1] then
     return {2, release(KEYS[1], KEYS[2], ARGV[1], '1', KEYS[5], ARGV[5], ARGV[6])}
