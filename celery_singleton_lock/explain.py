@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any, cast
 
 from redis.cluster import RedisCluster
 
-from celery_singleton_lock.engine.constants import MAX_LIMIT
+from celery_singleton_lock.engine.constants import MAX_LIMIT, STACK_AHEAD
 from celery_singleton_lock.engine.keyspace import (
     BURST,
     DEBOUNCE,
@@ -259,7 +259,8 @@ class LimitUse:
     """One stacked limit of the call (``lock_limits``): its rendered ``name``, the
     ``number`` that applies now (``source`` says where it came from: ``"name"`` or
     ``"template"`` when set in Redis, ``"code"``), the weight ``used`` by ``holds`` live
-    shares, the call's own ``weight``, and whether it ``fits`` now."""
+    shares, the weight ``waiting`` of the runs in its line (room a new run leaves them),
+    the call's own ``weight``, and whether it ``fits`` now."""
 
     name: str
     template: str
@@ -268,16 +269,19 @@ class LimitUse:
     used: int
     holds: int
     weight: int
+    waiting: int = 0
 
     @property
     def fits(self) -> bool:
-        return self.used + self.weight <= self.number
+        return self.used + self.waiting + self.weight <= self.number
 
     def describe(self) -> str:
         text = (
             f"{self.name}: {self.used} of {self.number} used by {self.holds} "
             f"hold{'s' if self.holds != 1 else ''} (number from {self.source})"
         )
+        if self.waiting:
+            text += f", {self.waiting} waiting in line"
         verdict = "fits" if self.fits else "does not fit"
         return text + f"; this call's weight {self.weight} {verdict}"
 
@@ -661,7 +665,10 @@ def _read_second(
         for limit_of in stack.limits:
             pipe.zrangebyscore(stack.limit_key(limit_of.name), f"({now_ms}", "+inf")
             pipe.hmget(stack.capacities, [limit_of.name, limit_of.template])
-            reads += ["limit_shares", "limit_set"]
+            line = stack.line_key(limit_of.name)
+            pipe.zrange(line, 0, STACK_AHEAD - 1)
+            pipe.hgetall(line + ":alive")
+            reads += ["limit_shares", "limit_set", "limit_line", "limit_alive"]
     for token in first.tokens:
         pipe.get(companion_key(key, WAITER + token))
         reads.append("waiter")
@@ -864,10 +871,14 @@ def _limits(stack: Stack, got: dict[str, list[Any]], now_ms: int) -> tuple[Limit
     """Each stacked limit as the acquire script judges it now (lib/stack.lua): the live
     shares' weights (a member of another layout weighs 1), the number by name, template,
     else code."""
-    del now_ms  # the read asked for live shares only
     uses = []
-    for limit, shares, numbers in zip(
-        stack.limits, got.get("limit_shares", []), got.get("limit_set", []), strict=True
+    for limit, shares, numbers, line, alive in zip(
+        stack.limits,
+        got.get("limit_shares", []),
+        got.get("limit_set", []),
+        got.get("limit_line", []),
+        got.get("limit_alive", []),
+        strict=True,
     ):
         used = 0
         for member in shares:
@@ -881,8 +892,25 @@ def _limits(stack: Stack, got: dict[str, list[Any]], now_ms: int) -> tuple[Limit
             if by_template is not None
             else (limit.number, "code")
         )
+        waiting = 0  # the live places of the line, as the scripts count them
+        until = {_text(member): _set_number(value) for member, value in dict(alive).items()}
+        for member in line:
+            text = _text(member) or ""
+            head = text.split(":", 1)[0]
+            weight = int(head) if head.isdigit() and int(head) >= 1 else 1
+            if (until.get(text) or 0) > now_ms and weight <= number:
+                waiting += weight
         uses.append(
-            LimitUse(limit.name, limit.template, number, source, used, len(shares), stack.weight)
+            LimitUse(
+                limit.name,
+                limit.template,
+                number,
+                source,
+                used,
+                len(shares),
+                stack.weight,
+                waiting,
+            )
         )
     return tuple(uses)
 

@@ -17,6 +17,7 @@ import redis
 
 from celery_singleton_lock import LockNotOwned, RedisLock
 from celery_singleton_lock.engine.stack import Limit, Stack, stack_base
+from celery_singleton_lock.explain import explain_key
 from celery_singleton_lock.testing import RedisServer
 
 #: What a new connection of the pool sends before its first command (not a lock's).
@@ -442,3 +443,41 @@ def test_a_take_leaves_room_for_the_waiters_ahead(client: redis.Redis, prefix: s
     assert late.acquire(blocking=False)
     for held in (three, late):
         held.release()
+
+
+def test_explain_counts_the_waiters_ahead(client: redis.Redis, prefix: str) -> None:
+    """With 2 of 4 used in all and a weight-3 run waiting for room there, a new weight-1 run
+    does not fit (2 + 3 waiting + 1 > 4): the explanation says so, as the acquire does."""
+    lock = make(client, prefix)
+    one, blocker = lock("one"), lock("blocker", tenant="z")
+    assert one.acquire(blocking=False)
+    assert blocker.acquire(blocking=False)  # global: 2 of 4
+    heavy = lock("heavy", weight=3, tenant="b", fallback_poll=5)  # 2 + 3 > 4: waits
+    got = threading.Event()
+
+    def wait() -> None:
+        if heavy.acquire(timeout=20):
+            got.set()
+
+    waiting = threading.Thread(target=wait)
+    waiting.start()
+    line = stack_base(prefix) + "line:global"
+    deadline = time.monotonic() + 5
+    while client.zcard(line) == 0 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    newcomer = lock("new")
+    assert newcomer.stack is not None
+    explained = explain_key(client, newcomer.name, stack=newcomer.stack)
+    found = {use.name: use for use in explained.limits}
+    assert found["global"].used == 2
+    assert found["global"].waiting == 3
+    assert not found["global"].fits
+    assert found["tenant:a"].fits
+    assert explained.state == "limited"
+    assert not newcomer.acquire(blocking=False)
+    assert newcomer.held_back_by == "global"
+    one.release()
+    blocker.release()
+    waiting.join(timeout=20)
+    assert got.is_set()
+    heavy.release()
