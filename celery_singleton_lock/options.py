@@ -630,8 +630,8 @@ OPTION_RULES: tuple[Combination, ...] = (
         "lock_weight needs lock_limits (the weight is what a run takes of each limit)",
     ),
     Combination(
-        lambda o, s: bool(o.limits) and o.on_conflict == "park",
-        "lock_limits does not work with lock_on_conflict='park' yet",
+        lambda o, s: bool(o.limits) and o.order == "enqueue",
+        "lock_limits does not work with lock_order='enqueue' yet",
     ),
     Combination(
         lambda o, s: bool(o.limits) and o.release != "end",

@@ -26,7 +26,7 @@ from celery_singleton_lock.engine.keyspace import (
     companion_key,
 )
 from celery_singleton_lock.engine.scripts import SCRIPTS
-from celery_singleton_lock.engine.stack import is_stacked
+from celery_singleton_lock.engine.stack import Stack, is_stacked
 from celery_singleton_lock.engine.wire import LockClient, call
 
 if TYPE_CHECKING:
@@ -56,6 +56,7 @@ __all__ = [
     "park_started",
     "park_sweep",
     "replace",
+    "stack_line",
     "superseded_by",
     "throttle",
 ]
@@ -320,6 +321,19 @@ def debounce_run(
     return int(call(key, _RUN, client, 2, *keys, burst_id, generation, keep_ms)) == 1
 
 
+_STACK_LINE = SCRIPTS["stack_line"]
+
+
+def stack_line(client: LockClient, key: str, stack: Stack, place: str, keep_ms: int) -> str | None:
+    """A call of lock ``key`` held back by ``stack`` that will come back as another delivery
+    (claiming with the token ``place``) keeps its place in the line of every limit it does
+    not fit in, for ``keep_ms``: the name of the first such limit, or None when it fits now
+    (no place taken: try again at once)."""
+    reply = call(key, _STACK_LINE, client, 1, key, stack.spec(), place, keep_ms)
+    text = _text(reply)
+    return text or None
+
+
 _PARK = SCRIPTS["park"]
 _PARK_RELEASE = SCRIPTS["park_release"]
 _PARK_SWEEP = SCRIPTS["park_sweep"]
@@ -413,6 +427,8 @@ def park_release(
         keys.append(done)
         args[3:] = [task_id, keep_ms]
     args.append(ordered or "")
+    if is_stacked(lock.name):  # ARGV[7]: the ending run's shares of its stacked limits go back
+        args.append("1")
     reply = call(lock.name, _PARK_RELEASE, lock.client, len(keys), *keys, *args)
     if int(reply[0]) == 1:
         return ParkedCall(_text(reply[1]), _bytes(reply[2]))

@@ -321,6 +321,13 @@ class ConflictPolicy(Mode):
         goes on as if its first try had taken it."""
         raise NotImplementedError
 
+    def limited(self, run: Run, countdown: float) -> bool:
+        """A stacked limit held the run back, and the call will come back as another
+        delivery in ``countdown`` seconds (its place in the limit's line kept meanwhile):
+        True when the policy has sent it on its way itself (or raise); False to let the
+        runtime retry it."""
+        return False
+
     def throttled(self, run: Run, retry_in: float) -> bool:
         """The run holds its key but its start rate is used up (the next start is free in
         ``retry_in`` seconds): True to look again (the mode waited), False to skip; or

@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 from celery.exceptions import Ignore
 
 from celery_singleton_lock import _observe as observe
-from celery_singleton_lock.engine import atomic
+from celery_singleton_lock.engine import RedisLock, atomic
 from celery_singleton_lock.exceptions import LockBackendError, TaskLocked, TaskThrottled
 from celery_singleton_lock.modes.base import ACQUIRED, ConflictPolicy, HandedCall, Swept
 from celery_singleton_lock.modes.parking import (
@@ -48,7 +48,7 @@ from celery_singleton_lock.modes.parking import (
     task_of,
     turn_of,
 )
-from celery_singleton_lock.modes.policies import WAIT, refuse_in_canvas
+from celery_singleton_lock.modes.policies import WAIT, locked, refuse_in_canvas
 from celery_singleton_lock.modes.scope import drop_late_copy, finished, queue_token
 from celery_singleton_lock.options import Combination, no_scripts
 
@@ -140,8 +140,13 @@ class Park(ConflictPolicy):
     def admit(self, run: Run) -> bool:
         """A call handed the key from the park queue starts: the sweep lets it be. A copy
         of a handed call that finished already (published twice by the sweep, or another
-        copy of its message took the grant and ran first) does not run again."""
+        copy of its message took the grant and ran first) does not run again; nor does a
+        call parked by a stacked limit (published again as a retry) whose other copy ran
+        meanwhile."""
         if not run.header(HEADER_PARKED):
+            if run.lock.stack is not None and finished(run.lock, run.task_id):
+                run.give_back()
+                drop_late_copy(run, "a copy of a call that finished")
             return True
         started = atomic.park_started(run.client, run.key, run.task_id)
         if started < 0:
@@ -192,6 +197,47 @@ class Park(ConflictPolicy):
             return False
         self._parked(run.task, run.key, run.task_id, parked.position, run.options.scope)
         return True
+
+    def limited(self, run: Run, countdown: float) -> bool:
+        """A run that a stacked limit held back is published again after ``countdown`` and
+        shows ``PARKED`` meanwhile, holding no share (its worker moves on); its place in the
+        limit's line is kept, so lighter calls do not pass it. A key handed to it from the
+        park queue goes on to the next parked call (a call of another weight may fit); in
+        queue scope the call's hold stays with its message, as for any retry."""
+        if run.eager:
+            return False  # no worker to come back to: the caller is told (TaskLocked)
+        if run.header(HEADER_PARKED):
+            # not the sweep's to publish again any more; a copy of a call that finished
+            # meanwhile (another copy of its message ran) does not come back
+            if atomic.park_started(run.client, run.key, run.task_id) < 0:
+                drop_late_copy(run, "a copy of a parked call that finished")
+        elif finished(run.lock, run.task_id):
+            drop_late_copy(run, "a copy of a call that finished")
+        if run.scope.at_publish:
+            run.scope.hand_back(run)
+        else:
+            self._hand_on(run)
+        run.retry(locked(run, None, None), countdown, counted=False)
+        self._parked(run.task, run.key, run.task_id, 0, run.options.scope)
+        raise Ignore
+
+    def _hand_on(self, run: Run) -> None:
+        """The key held for ``run``'s call (a grant from the park queue) goes to the next
+        parked call, or is released; nothing when it holds none."""
+        owner = RedisLock(
+            run.client,
+            run.key,
+            token=queue_token(run.task_id, run.options.limit),
+            scripting=run.settings.scripting,
+            limit=run.options.limit,
+        )
+        try:
+            outcome = atomic.park_release(owner, milliseconds(run.options.queue_timeout))
+        except LockBackendError as exc:
+            log.error("could not hand %s on to its parked calls: %s", run.key, exc)
+            return
+        if isinstance(outcome, atomic.ParkedCall):
+            self._publish(run, outcome)
 
     def throttled(self, run: Run, retry_in: float) -> bool:
         """A throttled run is published again for the moment its window frees, and shows

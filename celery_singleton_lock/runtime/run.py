@@ -24,7 +24,7 @@ from celery import states
 from celery.exceptions import Ignore, Reject, Retry
 
 from celery_singleton_lock import _observe as observe
-from celery_singleton_lock.engine import RedisLock
+from celery_singleton_lock.engine import RedisLock, atomic
 from celery_singleton_lock.exceptions import LockBackendError, LockNotOwned, TaskLocked
 from celery_singleton_lock.modes.base import ACQUIRED
 from celery_singleton_lock.modes.policies import locked, tell
@@ -146,13 +146,44 @@ def on_limit(run: Run) -> Any:
     duplicates were given its result, or it is a follow-up handed the key): under
     ``"skip"``, ``"retry"``, ``"coalesce"`` and ``"replace"`` it comes back later, its hold
     following the message, rather than being dropped; under ``"raise"`` (and ``"wait"``
-    past ``lock_wait``) its hold is given up and it fails with ``TaskLocked``."""
+    past ``lock_wait``) its hold is given up and it fails with ``TaskLocked``. Under
+    ``"park"`` (either scope) it is parked: published again later, ``PARKED`` meanwhile.
+    A call that comes back keeps its place in the lines of the limits that held it back."""
+    policy = run.policy
+    comes_back = policy.name == "park" or (
+        run.scope.at_publish and policy.name not in {"raise", "wait"}
+    )
+    if comes_back and not run.eager:
+        countdown = keep_place(run, run.countdown(None))
+        tell(run, policy.name if policy.name == "park" else "retry", None)
+        if not policy.limited(run, countdown):
+            raise run.retry(locked(run, None, None), countdown, counted=False)
     if run.scope.at_publish:
-        if run.policy.name not in {"raise", "wait"}:
-            tell(run, "retry", None)
-            raise run.retry(locked(run, None, None), run.countdown(None), counted=False)
         give_up_queued_hold(run)
-    return run.policy.conflict(run, None)
+    return policy.conflict(run, None)
+
+
+#: A call held back by a stacked limit keeps its place in the limit's line this long past
+#: its countdown. Short on purpose: while a place is kept, runs that wait in a worker leave
+#: room for it; if every worker were busy waiting, the call could not come back to take
+#: it. A call that comes back later than this joins the line again, at its end.
+PLACE_SLACK = 5.0
+
+
+def keep_place(run: Run, countdown: float) -> float:
+    """Keep the place of ``run``'s call in the line of every limit that holds it back, under
+    the token it claims with (its next delivery takes the place up); the countdown to use
+    (0 when it fits now after all)."""
+    stack = run.lock.stack
+    if stack is None or not run.lock.claim:
+        return countdown
+    keep_ms = int((countdown + PLACE_SLACK) * 1000)
+    try:
+        blocking = atomic.stack_line(run.client, run.key, stack, run.lock.claim, keep_ms)
+    except LockBackendError as exc:
+        log.warning("could not keep the place of %s in its limits' lines: %s", run.key, exc)
+        return countdown
+    return countdown if blocking is not None else 0.0
 
 
 def give_up_queued_hold(run: Run) -> None:

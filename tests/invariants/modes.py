@@ -285,6 +285,22 @@ MODES: Mapping[str, Mode] = MappingProxyType(
                 options={"lock_on_conflict": "raise"}, limits=STACK, weight=stack_weight,
             ),
             _mode(
+                "stack_park", f"lock_limits={_stack_text(STACK)}, weighted, park", "ran",
+                options=_PARK, once_per_id=True, limits=STACK, weight=stack_weight,
+            ),
+            _mode(
+                "stack_park_queue",
+                f"queue scope + lock_limits={_stack_text(STACK)}, weighted, park",
+                "ran refused", options={**_QUEUE, **_PARK}, scope="queue", once_per_id=True,
+                limits=STACK, weight=stack_weight,
+            ),
+            _mode(
+                "stack_queue", f"queue scope + lock_limits={_stack_text(STACK)}, weighted, skip",
+                "ran skipped deduplicated refused", options=_QUEUE, scope="queue",
+                once_per_id=True,
+                limits=STACK, weight=stack_weight,
+            ),
+            _mode(
                 "success_queue", f"queue scope, lock_release='success', hold {HOLD} s",
                 "ran failed skipped deduplicated refused",
                 options={**_QUEUE, "lock_release": "success", "lock_hold": HOLD},

@@ -149,7 +149,10 @@ def test_a_stacked_tasks_key_carries_the_tag(app: Celery) -> None:
     ("options", "error"),
     [
         ({"lock_limits": [("t:{nope}", 2)]}, "lock_limits of task"),
-        ({"lock_limits": [("t", 2)], "lock_on_conflict": "park"}, "lock_on_conflict"),
+        (
+            {"lock_limits": [("t", 2)], "lock_on_conflict": "park", "lock_order": "enqueue"},
+            "lock_order",
+        ),
         ({"lock_limits": [("t", 2)], "lock_release": "success", "lock_hold": 1}, "lock_release"),
         ({"lock_weight": 2}, "lock_weight needs lock_limits"),
     ],

@@ -137,6 +137,16 @@ def export_replacing(report: str, tenant: str, value: int, seconds: float = 0.0)
     return value
 
 
+@app.task(base=LockedTask, lock_keys=["report"], lock_on_conflict="park", lock_timeout=3,
+          lock_limits=[("tenant:{tenant}", PER_TENANT), ("global:exports", IN_ALL)],
+          lock_weight=_size_weight)  # fmt: skip
+def export_parked(report: str, tenant: str, size: int = 1, seconds: float = 0.0) -> str:
+    """Park: a run whose key is held, or whose limits have no room, waits in the lock Redis
+    (PARKED), holding no worker and no share."""
+    data().rpush(f"order:{tenant}", report)
+    return _section(report, tenant, _size_weight(report, tenant, size), seconds)
+
+
 def weight_of(*args: Any, **kwargs: Any) -> int:
     """The weight export gives a call (for the tests)."""
     return _size_weight(*args, **kwargs)

@@ -263,3 +263,52 @@ def test_replace_running_frees_the_revoked_runs_shares(
         assert data.zcard(stack_base("csl") + "limit:global:exports") == 0
     finally:
         data.delete(capacities)
+
+
+def test_a_parked_call_holds_no_share_and_runs_when_its_limits_have_room(
+    sp: ModuleType, data: redis.Redis, workers: Any
+) -> None:
+    """Park with a tenant of 1: a second export of another report, its key free, is held
+    back by the tenant: it shows PARKED, holds no share and no worker meanwhile, and runs
+    once the first has ended, never beside it."""
+    workers(concurrency=2, app=APP)
+    capacities = stack_base("csl") + "limits"
+    data.hset(capacities, "tenant:t10", 1)
+    try:
+        first = sp.export_parked.delay("a", "t10", 1, 3.0)
+        assert wait_for(lambda: int(data.get("in:t10") or 0) == 1, timeout=30)
+        second = sp.export_parked.delay("b", "t10")
+        assert wait_for(lambda: second.state == "PARKED", timeout=30)
+        assert data.zcard(stack_base("csl") + "limit:tenant:t10") == 1  # first's only
+        assert first.get(timeout=30) == "ran"
+        assert second.get(timeout=30) == "ran"
+        assert int(data.get("peak:t10") or 0) == 1
+        assert data.lrange("order:t10", 0, -1) == ["a", "b"]
+    finally:
+        data.delete(capacities)
+
+
+def test_a_heavy_parked_call_is_not_starved_by_light_ones(
+    sp: ModuleType, data: redis.Redis, workers: Any
+) -> None:
+    """A steady stream of light exports (weight 1) keeps tenant t11 (number 2) busy for
+    about eight seconds; a heavy one (weight 2, which needs the tenant empty) made early in
+    the stream still runs well before the stream ends: its place in the tenant's line makes
+    the light ones that come after it wait until it got in."""
+    workers(concurrency=3, app=APP)
+    workers(concurrency=3, app=APP)
+    lights = []
+    heavy = None
+    started = time.monotonic()
+    for index in range(40):
+        lights.append(sp.export_parked.delay(f"l{index}", "t11", 1, 0.4))
+        if index == 5:
+            heavy = sp.export_parked.delay("heavy", "t11", 500, 0.2)
+        time.sleep(max(0.0, started + (index + 1) * 0.2 - time.monotonic()))
+    assert heavy is not None
+    assert heavy.get(timeout=120) == "ran"
+    for result in lights:
+        assert result.get(timeout=120) == "ran"
+    order = data.lrange("order:t11", 0, -1)
+    assert int(data.get("peak:t11") or 0) <= 2
+    assert order.index("heavy") < len(order) - 10, order  # not left for the very end

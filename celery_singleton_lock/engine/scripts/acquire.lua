@@ -78,10 +78,10 @@ if current then
 end
 if stack then
   local limit, wait = stack_blocked(stack, ARGV[1], now, now_us,
-    ARGV[4] ~= 'x' and tonumber(ARGV[5]) + ${WAITER_SLACK_MS} or nil)
+    ARGV[4] ~= 'x' and tonumber(ARGV[5]) + ${WAITER_SLACK_MS} or nil, claim)
   if limit then return {0, wait, limit} end
 end
 redis.call('SET', KEYS[1], format_value(expiry, flag, ARGV[1], fence, ARGV[3]), 'PX', ttl)
-if stack then stack_take(base(KEYS[1]), stack, ARGV[7], ARGV[1], expiry, ttl) end
+if stack then stack_take(base(KEYS[1]), stack, ARGV[7], ARGV[1], expiry, ttl, claim) end
 if ARGV[4] == '1' then leave(base(KEYS[1]), KEYS[2], ARGV[1]) end
 return {1, fence, expiry}

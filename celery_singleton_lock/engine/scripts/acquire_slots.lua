@@ -162,7 +162,7 @@ end
 if corrected > 0 then keep_index(b, key_ttl(corrected)) end
 if take and stack then
   local limit, wait = stack_blocked(stack, token, now, now_us,
-    ARGV[4] ~= 'x' and tonumber(ARGV[5]) + ${WAITER_SLACK_MS} or nil)
+    ARGV[4] ~= 'x' and tonumber(ARGV[5]) + ${WAITER_SLACK_MS} or nil, claim)
   if limit then return {0, wait, limit} end
 end
 if take then
@@ -181,7 +181,7 @@ if take then
   redis.call('SET', key, format_value(expiry, ARGV[4] == '1' and '1' or '0', token, fence,
     ARGV[3]), 'PX', ttl)
   index_held(b, take, expiry, token, group, ttl, create)
-  if stack then stack_take(b, stack, ARGV[9], token, expiry, ttl) end
+  if stack then stack_take(b, stack, ARGV[9], token, expiry, ttl, claim) end
   if ARGV[4] == '1' then leave(b, KEYS[2], token) end
   return {1, fence, expiry, key}
 end

@@ -7,7 +7,8 @@
 -- ARGV[1] owner token of the run that ends, ARGV[2] the lease of a grant (ms), ARGV[3] the
 -- number of slots, ARGV[4] the task id to record in KEYS[3], ARGV[5] how long it is kept,
 -- ARGV[6] the task id of the run that ends when the key's calls run in order
--- (lock_order="enqueue": it leaves the line, in the same step), else ''
+-- (lock_order="enqueue": it leaves the line, in the same step), else '', ARGV[7] (optional)
+-- '1': the lock has stacked limits: the ending run's shares are given back (lib/stack.lua)
 
 -- returns {0}: not owned (nothing done)
 --         {1, task id, payload}: the key now holds the first parked call's grant: publish it
@@ -18,6 +19,7 @@ local current = redis.call('GET', KEYS[1])
 if not current then return {0} end
 if not owned(current, ARGV[1]) then return {0} end
 local b = base_of(KEYS[2], '${K_QUEUE}')
+if ARGV[7] == '1' then stack_drop(b, ARGV[1]) end
 local slots = tonumber(ARGV[3])
 local ordered = ARGV[6] ~= nil and ARGV[6] ~= ''
 if ordered then

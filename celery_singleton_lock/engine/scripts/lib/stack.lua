@@ -60,9 +60,11 @@ local function stack_used(key, now, mine)
   return used, soonest
 end
 
--- stack_ahead(limit, number, mine, now) -> the weight of the live waiters ahead of mine in
--- the limit's line (all of the first STACK_AHEAD when mine is not in it); lapsed places go
-local function stack_ahead(limit, number, mine, now)
+-- stack_ahead(limit, number, mine, place, now) -> the weight of the live waiters ahead of
+-- the caller in the limit's line (its place is under its token, mine, or under the token
+-- its call waits under across deliveries, place; all of the first STACK_AHEAD when it has
+-- none); lapsed places go
+local function stack_ahead(limit, number, mine, place, now)
   local line = limit[6]
   if not line then return 0 end
   local alive = line .. ':alive'
@@ -71,7 +73,7 @@ local function stack_ahead(limit, number, mine, now)
   local until_ms = redis.call('HMGET', alive, unpack(first))
   local ahead, lapsed = 0, {}
   for k, member in ipairs(first) do
-    if member == mine then break end
+    if member == mine or member == place then break end
     if (tonumber(until_ms[k]) or 0) <= now then
       lapsed[#lapsed + 1] = member
     else
@@ -86,26 +88,28 @@ local function stack_ahead(limit, number, mine, now)
   return ahead
 end
 
--- stack_blocked(spec, token, now, now us, keep ms or nil) -> nil when the weight fits in
--- every limit, with room left for the waiters ahead; else the name of the first limit it
--- does not fit in and the ms until a share of it ends (>= 1; 1000 when nothing held there
--- will end). With keep (a blocking try), the caller joins the line of every limit it does
--- not fit in, its place kept keep ms.
-local function stack_blocked(spec, token, now, now_us, keep)
+-- stack_blocked(spec, token, now, now us, keep ms or nil, place token or nil) -> nil when
+-- the weight fits in every limit, with room left for the waiters ahead; else the name of
+-- the first limit it does not fit in and the ms until a share of it ends (>= 1; 1000 when
+-- nothing held there will end). With keep (a try that will wait), the caller joins the
+-- line of every limit it does not fit in, its place kept keep ms, under the place token
+-- (a call that comes back as another delivery keeps it: its claim) or its own.
+local function stack_blocked(spec, token, now, now_us, keep, place_token)
   local mine = spec.w .. ':' .. token
+  local place = spec.w .. ':' .. (place_token or token)
   local blocked, wait = nil, nil
   for _, limit in ipairs(spec.l) do
     local used, soonest = stack_used(limit[1], now, mine)
     local number = stack_number(spec, limit)
-    if used + spec.w + stack_ahead(limit, number, mine, now) > number then
+    if used + spec.w + stack_ahead(limit, number, mine, place, now) > number then
       if not blocked then
         blocked, wait = limit[2], soonest and math.max(1, soonest - now) or 1000
       end
       if not keep then break end
       if limit[6] then
         local alive = limit[6] .. ':alive'
-        redis.call('ZADD', limit[6], 'NX', now_us, mine)
-        redis.call('HSET', alive, mine, now + keep)
+        redis.call('ZADD', limit[6], 'NX', now_us, place)
+        redis.call('HSET', alive, place, now + keep)
         for _, key in ipairs({limit[6], alive}) do  -- outlives every place in it
           if redis.call('PTTL', key) < keep then redis.call('PEXPIRE', key, keep) end
         end
@@ -120,15 +124,16 @@ local function stack_keep(key, ttl)
   if redis.call('PTTL', key) < ttl then redis.call('PEXPIRE', key, 2 * ttl) end
 end
 
--- stack_take(base, spec, text of the spec, token, expiry ms, key TTL ms): the hold's share
--- of every limit, and its record
-local function stack_take(b, spec, text, token, expiry, ttl)
+-- stack_take(base, spec, text of the spec, token, expiry ms, key TTL ms, place token or
+-- nil): the hold's share of every limit, and its record; its places in lines go
+local function stack_take(b, spec, text, token, expiry, ttl, place_token)
   local mine = spec.w .. ':' .. token
+  local place = spec.w .. ':' .. (place_token or token)
   for _, limit in ipairs(spec.l) do
     redis.call('ZADD', limit[1], expiry, mine)
     stack_keep(limit[1], ttl)
-    if limit[6] and redis.call('ZREM', limit[6], mine) == 1 then
-      redis.call('HDEL', limit[6] .. ':alive', mine)  -- a waiter that got in
+    if limit[6] and redis.call('ZREM', limit[6], mine, place) > 0 then
+      redis.call('HDEL', limit[6] .. ':alive', mine, place)  -- a waiter that got in
     end
   end
   redis.call('SET', b .. '${K_STACK}' .. token, text, 'PX', ttl)
