@@ -179,6 +179,16 @@ def _keys(value: Any, where: str) -> KeysOption:
     )
 
 
+def _slots(value: Any, where: str) -> int:
+    """``lock_limit``: a whole number >= 1; a list of pairs was meant for ``lock_limits``."""
+    if isinstance(value, (list, tuple)):
+        raise ImproperlyConfigured(
+            f"{where} must be a whole number >= 1 (slots per key), got {value!r}; stacked "
+            "limits of (template, N) pairs are lock_limits"
+        )
+    return _count(minimum=1)(value, where)  # type: ignore[no-any-return]
+
+
 def _limits(value: Any, where: str) -> LimitsOption:
     """``lock_limits``: a list of ``(template, N)`` pairs (returned as a tuple of tuples);
     the templates' names are checked against the task's signature by the task layer."""
@@ -356,7 +366,7 @@ class LockOptions:
         values=f"seconds > 0, {_UP_TO}; None", none_is_value=True,
     )  # fmt: skip
     limit: int = _option(
-        1, _count(minimum=1),
+        1, _slots,
         "Up to this many runs per key at once (slots, each leased, owner-checked and fenced "
         "like the lock); 1: one at a time. A task's deliveries never hold two slots.",
         values="whole number >= 1",

@@ -7,6 +7,7 @@ renewal keeps them; planted garbage never reads as room; one round trip per acqu
 from __future__ import annotations
 
 import random
+import re
 import threading
 import time
 import uuid
@@ -15,7 +16,7 @@ from collections.abc import Callable
 import pytest
 import redis
 
-from celery_singleton_lock import LockNotOwned, RedisLock
+from celery_singleton_lock import LockError, LockNotOwned, RedisLock
 from celery_singleton_lock.engine.stack import Limit, Stack, stack_base
 from celery_singleton_lock.explain import explain_key
 from celery_singleton_lock.testing import RedisServer
@@ -481,3 +482,21 @@ def test_explain_counts_the_waiters_ahead(client: redis.Redis, prefix: str) -> N
     waiting.join(timeout=20)
     assert got.is_set()
     heavy.release()
+
+
+@pytest.mark.parametrize("planted", ["limit:global", "limits", "line:global"])
+def test_a_planted_key_of_another_type_is_a_clear_error(
+    client: redis.Redis, prefix: str, planted: str
+) -> None:
+    """A string planted where a limit, the numbers or a line live: the acquire fails with
+    an error naming that key (never read as room), and nothing is taken."""
+    lock = make(client, prefix)
+    key = stack_base(prefix) + planted
+    client.set(key, "garbage")
+    held = lock("victim")
+    with pytest.raises(LockError, match=re.escape(key)):
+        held.acquire(blocking=False)
+    assert client.get(held.name) is None
+    client.delete(key)
+    assert held.acquire(blocking=False)
+    held.release()

@@ -173,3 +173,5 @@ def test_option_values_are_checked() -> None:
     with pytest.raises(ImproperlyConfigured, match="lock_weight"):
         validate_task_options({"lock_weight": 0}, "task 'x'")
     assert validate_task_options({"lock_weight": 3}, "task 'x'") == {"lock_weight": 3}
+    with pytest.raises(ImproperlyConfigured, match="are lock_limits"):
+        validate_task_options({"lock_limit": [("tenant:{t}", 5)]}, "task 'x'")

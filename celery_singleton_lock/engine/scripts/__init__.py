@@ -19,7 +19,9 @@ An unknown name or include fails the import. The includes:
 - ``waiters``: ``leave(base, queue, token)``, a queued waiter that got the lock;
 - ``held``: ``held(key, now)``, whether a lock is held at server time now (and its value);
 - ``pending``: ``pend``, the pending follow-up of coalesce / replace (with ``held``);
-- ``write``: ``write(key, token, fence, info, now, lease)``, a lock written for a new owner.
+- ``write``: ``write(key, token, fence, info, now, lease)``, a lock written for a new owner;
+- ``stack``: stacked limits (``RedisLock(stack=...)``): a hold's weighted shares of several
+  limits, taken with its key or not at all, and the lines of the runs waiting for room.
 
 Lock value layout (``:`` separated, holder info last)::
 
@@ -171,7 +173,7 @@ def _register() -> Mapping[str, Script]:
 
 #: Every script of the engine, by name (the ``.lua`` file's name): acquire, acquire_slots,
 #: release, extend, throttle, hold, followup_call, followup_hand_over, followup_replace,
-#: debounce_join, debounce_run.
+#: debounce_join, debounce_run, the park and order scripts, stack_line.
 SCRIPTS: Mapping[str, Script] = _register()
 
 

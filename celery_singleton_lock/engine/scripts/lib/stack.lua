@@ -31,9 +31,22 @@ local function stack_spec(text)
   return spec
 end
 
+-- checked(reply, key) -> reply; a key of the stack planted with another type of value is a
+-- clear error naming it (a planted value never reads as room, nor as a crash)
+local function checked(reply, key)
+  if type(reply) == 'table' and reply.err then
+    if string.find(reply.err, 'WRONGTYPE', 1, true) then
+      error({err = 'ERR stacked limits: key ' .. key .. ' holds a value of another type; '
+        .. 'it is not a limit of this package (delete it)'})
+    end
+    error(reply)
+  end
+  return reply
+end
+
 -- stack_number(spec, limit) -> the limit's number now (>= 0)
 local function stack_number(spec, limit)
-  local set = redis.call('HMGET', spec.c, limit[2], limit[3])
+  local set = checked(redis.pcall('HMGET', spec.c, limit[2], limit[3]), spec.c)
   for k = 1, 2 do
     local n = tonumber(set[k])
     if n and n >= 0 and n == math.floor(n) then return n end
@@ -45,7 +58,7 @@ end
 -- the soonest lease among its holders (nil when none). Expired shares go first. A member
 -- of another layout counts as weight 1 until its score passes: never as room.
 local function stack_used(key, now, mine)
-  redis.call('ZREMRANGEBYSCORE', key, '-inf', now)
+  checked(redis.pcall('ZREMRANGEBYSCORE', key, '-inf', now), key)
   local members = redis.call('ZRANGE', key, 0, -1, 'WITHSCORES')
   local used, soonest = 0, nil
   for i = 1, #members, 2 do
@@ -68,9 +81,9 @@ local function stack_ahead(limit, number, mine, place, now)
   local line = limit[6]
   if not line then return 0 end
   local alive = line .. ':alive'
-  local first = redis.call('ZRANGE', line, 0, ${STACK_AHEAD} - 1)
+  local first = checked(redis.pcall('ZRANGE', line, 0, ${STACK_AHEAD} - 1), line)
   if #first == 0 then return 0 end
-  local until_ms = redis.call('HMGET', alive, unpack(first))
+  local until_ms = checked(redis.pcall('HMGET', alive, unpack(first)), alive)
   local ahead, lapsed = 0, {}
   for k, member in ipairs(first) do
     if member == mine or member == place then break end
