@@ -424,3 +424,39 @@ def test_tasks_that_disagree_show_every_number() -> None:
 
     assert row.cells() == ("global:exports", "5|8", "-", "5|8", "3", "2", "a, b")
     assert named.cells()[1:4] == ("5|8", "4", "4")
+
+
+def test_locks_explain_names_the_limit_that_holds_a_call_back(
+    redis_server: RedisServer, prefix: str, take: Take
+) -> None:
+    """``celery locks explain`` of a call whose key is free but whose tenant is full (two
+    holds of weight 1, number 2): state ``limited``, and its limits with their use."""
+    take(EXPORT, "r1", "acme")
+    take(EXPORT, "r2", "acme")
+    environ = {
+        **os.environ,
+        "PYTHONPATH": str(ROOT),
+        "CSL_CLI_URL": redis_server.url,
+        "CSL_CLI_PREFIX": prefix,
+    }
+    done = subprocess.run(
+        [sys.executable, "-m", "celery", "-A", APP, "locks", "explain", EXPORT, '"r3"', '"acme"',
+         "--json"],
+        cwd=ROOT, env=environ, stdin=subprocess.DEVNULL, capture_output=True, text=True,
+        timeout=60, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    found = json.loads(done.stdout)
+    assert found["state"] == "limited"
+    uses = {use["name"]: use for use in found["limits"]}
+    assert uses["tenant:acme"]["used"] == 2
+    assert uses["tenant:acme"]["number"] == 2
+    assert uses["tenant:acme"]["fits"] is False
+    assert uses["global:exports"]["fits"] is True
+    text = subprocess.run(
+        [sys.executable, "-m", "celery", "-A", APP, "locks", "explain", EXPORT, '"r3"', '"acme"'],
+        cwd=ROOT, env=environ, stdin=subprocess.DEVNULL, capture_output=True, text=True,
+        timeout=60, check=False,
+    ).stdout  # fmt: skip
+    assert "tenant:acme: 2 of 2 used by 2 holds" in text
+    assert "does not fit" in text
