@@ -153,9 +153,10 @@ def test_non_blocking_try_does_not_ask_for_a_wake_up(
 def test_fallback_poll_longer_than_the_socket_timeout(
     redis_server: RedisServer, key: str, scripting: bool
 ) -> None:
-    """A waiter whose fallback poll (5 s) is longer than its client's socket timeout (0.3 s)
-    waits its full acquire timeout without a LockBackendError, and a release still wakes it."""
-    client = redis.Redis.from_url(redis_server.url, socket_timeout=0.3)
+    """A waiter whose fallback poll (5 s) is longer than its client's socket timeout (1 s)
+    waits its full acquire timeout without a LockBackendError, and a release still wakes it.
+    (With 0.3 s, a loaded CI host once took longer than that to answer a plain GET.)"""
+    client = redis.Redis.from_url(redis_server.url, socket_timeout=1.0)
     holder = RedisLock(client, key, timeout=30, scripting=scripting)
     waiter = RedisLock(client, key, timeout=30, scripting=scripting, fallback_poll=5.0)
     assert holder.acquire()
