@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 from celery.exceptions import Ignore
 
 from celery_singleton_lock import _observe as observe
-from celery_singleton_lock.engine import RedisLock, atomic
+from celery_singleton_lock.engine import atomic
 from celery_singleton_lock.exceptions import LockBackendError, TaskLocked, TaskThrottled
 from celery_singleton_lock.modes.base import ACQUIRED, ConflictPolicy, HandedCall, Swept
 from celery_singleton_lock.modes.parking import (
@@ -49,7 +49,7 @@ from celery_singleton_lock.modes.parking import (
     turn_of,
 )
 from celery_singleton_lock.modes.policies import WAIT, locked, refuse_in_canvas
-from celery_singleton_lock.modes.scope import drop_late_copy, finished, queue_token
+from celery_singleton_lock.modes.scope import drop_late_copy, finished, queue_owner, queue_token
 from celery_singleton_lock.options import Combination, no_scripts
 
 if TYPE_CHECKING:
@@ -224,15 +224,8 @@ class Park(ConflictPolicy):
     def _hand_on(self, run: Run) -> None:
         """The key held for ``run``'s call (a grant from the park queue) goes to the next
         parked call, or is released; nothing when it holds none."""
-        owner = RedisLock(
-            run.client,
-            run.key,
-            token=queue_token(run.task_id, run.options.limit),
-            scripting=run.settings.scripting,
-            limit=run.options.limit,
-        )
         try:
-            outcome = atomic.park_release(owner, milliseconds(run.options.queue_timeout))
+            outcome = atomic.park_release(queue_owner(run), milliseconds(run.options.queue_timeout))
         except LockBackendError as exc:
             log.error("could not hand %s on to its parked calls: %s", run.key, exc)
             return

@@ -18,13 +18,13 @@ from typing import TYPE_CHECKING, NoReturn
 from celery import states
 from celery.exceptions import Ignore
 
+from celery_singleton_lock.engine import RedisLock
 from celery_singleton_lock.engine.keyspace import DONE, companion_key
 from celery_singleton_lock.engine.wire import call
 from celery_singleton_lock.exceptions import LockBackendError, ResultLost
 from celery_singleton_lock.modes.base import Scope
 
 if TYPE_CHECKING:
-    from celery_singleton_lock.engine import RedisLock
     from celery_singleton_lock.modes.base import Release, Run
     from celery_singleton_lock.options import LockOptions
 
@@ -34,6 +34,7 @@ __all__ = [
     "RunScope",
     "drop_late_copy",
     "finished",
+    "queue_owner",
     "queue_token",
     "task_group",
 ]
@@ -54,6 +55,18 @@ def queue_token(task_id: str, limit: int = 1) -> str:
     if ":" in task_id or not task_id:
         return "q-" + hashlib.sha256(task_id.encode()).hexdigest()[:32]
     return "q-" + task_id
+
+
+def queue_owner(run: Run) -> RedisLock:
+    """The owner of the hold taken for ``run``'s message before it ran (its queue-scope
+    hold, or the grant of a parked call), to give it up or hand it on."""
+    return RedisLock(
+        run.client,
+        run.key,
+        token=queue_token(run.task_id, run.options.limit),
+        scripting=run.settings.scripting,
+        limit=run.options.limit,
+    )
 
 
 def task_group(task_id: str) -> str:

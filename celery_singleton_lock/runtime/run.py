@@ -24,11 +24,11 @@ from celery import states
 from celery.exceptions import Ignore, Reject, Retry
 
 from celery_singleton_lock import _observe as observe
-from celery_singleton_lock.engine import RedisLock, atomic
+from celery_singleton_lock.engine import atomic
 from celery_singleton_lock.exceptions import LockBackendError, LockNotOwned, TaskLocked
 from celery_singleton_lock.modes.base import ACQUIRED
 from celery_singleton_lock.modes.policies import locked, tell
-from celery_singleton_lock.modes.scope import queue_token
+from celery_singleton_lock.modes.scope import queue_owner
 from celery_singleton_lock.runtime import headers as hdr
 from celery_singleton_lock.runtime.context import RUN_ATTR, Run, holding
 from celery_singleton_lock.runtime.delivery import reclaim_from_dead_delivery
@@ -189,15 +189,8 @@ def keep_place(run: Run, countdown: float) -> float:
 def give_up_queued_hold(run: Run) -> None:
     """Release the queue-scope hold of ``run``'s message (owner-checked: only if it is
     still the message's)."""
-    owner = RedisLock(
-        run.client,
-        run.key,
-        token=queue_token(run.task_id, run.options.limit),
-        scripting=run.settings.scripting,
-        limit=run.options.limit,
-    )
     try:
-        owner.release()
+        queue_owner(run).release()
     except LockNotOwned:
         pass
     except LockBackendError as exc:
