@@ -17,6 +17,7 @@ import pytest
 import redis
 
 from celery_singleton_lock import LockError, LockNotOwned, RedisLock
+from celery_singleton_lock.engine import atomic
 from celery_singleton_lock.engine.stack import Limit, Stack, stack_base
 from celery_singleton_lock.explain import explain_key
 from celery_singleton_lock.testing import RedisServer
@@ -500,3 +501,32 @@ def test_a_planted_key_of_another_type_is_a_clear_error(
     client.delete(key)
     assert held.acquire(blocking=False)
     held.release()
+
+
+def test_two_waiters_never_leave_room_for_each_other(client: redis.Redis, prefix: str) -> None:
+    """Every line is ordered by one arrival per call. X waits for room in all (it fit its
+    tenant then); a younger Y waits for both its tenant and all. Once both limits are free,
+    X gets in: Y, younger, is not ahead of X in the tenant's line even though X never stood
+    in it. (Ordering each line by its own first entry let X leave room for Y in the tenant
+    and Y for X in all: neither ever got in.)"""
+    lock = make(client, prefix)
+    others = [lock(f"g{i}", tenant=f"t{i}") for i in range(3)]
+    assert all(held.acquire(blocking=False) for held in others)  # all: 3 of 4
+    x_stack, y_stack = lock("x", weight=2).stack, lock("y", weight=2).stack
+    assert x_stack is not None
+    assert y_stack is not None
+    assert atomic.stack_line(client, lock("x").name, x_stack, "X", 30_000) == "global"
+    for held in others:
+        held.release()
+    w = lock("w", weight=2)
+    assert w.acquire(blocking=False)  # tenant a 2 of 3, all 2 of 4 (2 left for X)
+    assert atomic.stack_line(client, lock("y").name, y_stack, "Y", 30_000) == "tenant:a"
+    w.release()
+    x = lock("x", weight=2, claim="X")
+    assert x.acquire(blocking=False)
+    y = lock("y", weight=2, claim="Y")
+    assert not y.acquire(blocking=False)
+    assert y.held_back_by == "tenant:a"
+    x.release()
+    assert y.acquire(blocking=False)
+    y.release()

@@ -32,7 +32,7 @@ MODES: dict[str, tuple[dict[str, Any], int, int]] = {
     "lock_limits (2 limits)": (
         {"lock_limits": [("n:{n}", 3), ("all", 10)], "lock_weight": 2},
         2,
-        28,
+        30,
     ),
 }
 

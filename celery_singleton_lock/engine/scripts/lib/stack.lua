@@ -14,8 +14,9 @@
 -- `locks limit set` writes them), else the spec's number: lowering it holds back new takes
 -- only; nothing held is ever taken away.
 -- No starvation: a blocking try held back by a limit joins that limit's line of waiters (a
--- sorted set of '<weight>:<owner token>' by first try, in server us, beside a hash of how
--- long each is known to wait: its place lapses when it stops trying). Every take, waiting
+-- sorted set of '<weight>:<owner token>' scored by the caller's arrival, in server us: when
+-- it first waited in any of its limits' lines, so every line orders two waiters alike;
+-- beside a hash of how long each is known to wait: its place lapses when it stops trying). Every take, waiting
 -- or not, leaves room for the weight of the waiters ahead of it (the first ${STACK_AHEAD}
 -- of the line, those whose weight can fit at all): so light runs that keep coming never
 -- pass a heavy one for ever; it gets in once the shares ahead of it drain.
@@ -73,20 +74,20 @@ local function stack_used(key, now, mine)
   return used, soonest
 end
 
--- stack_ahead(limit, number, mine, place, now) -> the weight of the live waiters ahead of
--- the caller in the limit's line (its place is under its token, mine, or under the token
--- its call waits under across deliveries, place; all of the first STACK_AHEAD when it has
--- none); lapsed places go
-local function stack_ahead(limit, number, mine, place, now)
+-- stack_ahead(limit, number, arrival us, now) -> the weight of the live waiters in the
+-- limit's line that came before the caller (its arrival: when it first waited for any of
+-- its limits, or now); lapsed places go. Every line is ordered by that one arrival, so two
+-- waiters never leave room for each other (the older one is ahead in every line).
+local function stack_ahead(limit, number, arrival, now)
   local line = limit[6]
   if not line then return 0 end
   local alive = line .. ':alive'
-  local first = checked(redis.pcall('ZRANGE', line, 0, ${STACK_AHEAD} - 1), line)
+  local first = checked(redis.pcall('ZRANGEBYSCORE', line, '-inf',
+    '(' .. string.format('%.0f', arrival), 'LIMIT', 0, ${STACK_AHEAD}), line)
   if #first == 0 then return 0 end
   local until_ms = checked(redis.pcall('HMGET', alive, unpack(first)), alive)
   local ahead, lapsed = 0, {}
   for k, member in ipairs(first) do
-    if member == mine or member == place then break end
     if (tonumber(until_ms[k]) or 0) <= now then
       lapsed[#lapsed + 1] = member
     else
@@ -110,18 +111,25 @@ end
 local function stack_blocked(spec, token, now, now_us, keep, place_token)
   local mine = spec.w .. ':' .. token
   local place = spec.w .. ':' .. (place_token or token)
+  local arrival = now_us  -- when it first waited, in any of its limits' lines
+  for _, limit in ipairs(spec.l) do
+    if limit[6] then
+      local since = tonumber(checked(redis.pcall('ZSCORE', limit[6], place), limit[6]))
+      if since and since < arrival then arrival = since end
+    end
+  end
   local blocked, wait = nil, nil
   for _, limit in ipairs(spec.l) do
     local used, soonest = stack_used(limit[1], now, mine)
     local number = stack_number(spec, limit)
-    if used + spec.w + stack_ahead(limit, number, mine, place, now) > number then
+    if used + spec.w + stack_ahead(limit, number, arrival, now) > number then
       if not blocked then
         blocked, wait = limit[2], soonest and math.max(1, soonest - now) or 1000
       end
       if not keep then break end
       if limit[6] then
         local alive = limit[6] .. ':alive'
-        redis.call('ZADD', limit[6], 'NX', now_us, place)
+        redis.call('ZADD', limit[6], 'NX', string.format('%.0f', arrival), place)
         redis.call('HSET', alive, place, now + keep)
         for _, key in ipairs({limit[6], alive}) do  -- outlives every place in it
           if redis.call('PTTL', key) < keep then redis.call('PEXPIRE', key, keep) end
