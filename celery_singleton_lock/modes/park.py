@@ -208,10 +208,13 @@ class Park(ConflictPolicy):
             return False  # no worker to come back to: the caller is told (TaskLocked)
         if run.header(HEADER_PARKED):
             # not the sweep's to publish again any more; a copy of a call that finished
-            # meanwhile (another copy of its message ran) does not come back
+            # meanwhile (another copy of its message ran) does not come back, and the key
+            # handed to it goes on to the next parked call
             if atomic.park_started(run.client, run.key, run.task_id) < 0:
+                self._hand_on(run)
                 drop_late_copy(run, "a copy of a parked call that finished")
         elif finished(run.lock, run.task_id):
+            self._hand_on(run)
             drop_late_copy(run, "a copy of a call that finished")
         if run.scope.at_publish:
             run.scope.hand_back(run)
