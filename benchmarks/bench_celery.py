@@ -959,7 +959,7 @@ def run_module(module: str, args: Sequence[str], timeout: float) -> Result:
 
 #: Tasks ``--hot-path`` profiles (ours, run scope: default options): a short cProfile
 #: drain for the calls per task, a longer one under the CPU-time sampler.
-HOT_PATH_PROFILE_TASKS = (300, 3000)
+HOT_PATH_PROFILE_TASKS = (300, 4000)
 
 
 def hot_path_report(

@@ -334,7 +334,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     # 3. Queue-scope memory and the profile, each in a process of its own.
     memory: Result | None = None
     profile: dict[str, Result] = {}
-    profile_tasks, sample_tasks = (1000, 2000) if args.quick else (2000, 5000)
+    profile_tasks, sample_tasks = (500, 2000) if args.quick else (2000, 10000)
     t0 = time.monotonic()
     if not (args.skip_celery or args.skip_memory):
         log("queue-scope memory (benchmarks.bench_memory) ...", "memory")
