@@ -996,7 +996,9 @@ def hot_path_report(
             f"Our own Python per task in the pool, run scope, default options (CPU in "
             f"celery_singleton_lock's functions, sampled over {found['tasks_sampled']} tasks): "
             f"{found['ours_cpu_us']:.0f} ± {found['ours_cpu_err_us']:.0f} µs (target <= 100) "
-            f"of {found['pool_cpu_us']:.0f} µs in the pool process; cProfile: "
+            f"of {found['pool_cpu_us']:.0f} µs in the pool process "
+            f"({100 * found['ours_cpu_us'] / found['pool_cpu_us']:.0f} %: the share moves less "
+            "with the machine's load than the µs); cProfile: "
             f"{num(float(run.get('ours_calls', math.nan)), 1)} calls into our functions per "
             "task. Where it goes: python -m benchmarks.profile_task --kinds csl-run",
         ]

@@ -205,7 +205,7 @@ def test_hot_path_report_prints_ratios_targets_and_the_profile() -> None:
     assert "| csl-run | 80 | 0.80× | 0.82× | 0.89× | 0.91× | 0.80 |" in text
     assert "order seed 7" in text
     assert "-> MISSED" in text
-    assert "181 ± 9 µs (target <= 100) of 700 µs" in text
+    assert "181 ± 9 µs (target <= 100) of 700 µs in the pool process (26 %" in text
 
 
 def test_the_readme_paragraph_still_fits_the_readme() -> None:
