@@ -13,7 +13,10 @@ Each part sits between ``<!-- BEGIN GENERATED <NAME> -->`` and ``<!-- END GENERA
   redis-server; ``--no-samples`` leaves them alone);
 - docs/deployment.md: the least-privilege ACL of the lock Redis (:func:`acl_markdown`):
   the commands ``ops.checks`` derives from the scripts and the engine, and one key pattern
-  per companion-key suffix of ``engine.keyspace``.
+  per companion-key suffix of ``engine.keyspace``;
+- docs/design.md: each script's contract, the header of its ``.lua`` file
+  (``engine.scripts.contract``), and the table of every registered script
+  (:func:`scripts_markdown`).
 """
 
 from __future__ import annotations
@@ -35,6 +38,7 @@ from celery_singleton_lock._observe import (  # noqa: E402
     skip_record_key,
 )
 from celery_singleton_lock.engine.keyspace import SUFFIXES  # noqa: E402
+from celery_singleton_lock.engine.scripts import SCRIPTS, arity, contract  # noqa: E402
 from celery_singleton_lock.engine.stack import stack_base  # noqa: E402
 from celery_singleton_lock.modes import policies_markdown  # noqa: E402
 from celery_singleton_lock.modes.parking import parking_index  # noqa: E402
@@ -150,6 +154,42 @@ def acl_markdown(prefix: str | None = None) -> str:
     return "\n".join(parts)
 
 
+# ----------------------------------------------------------------------------- scripts
+
+#: The scripts whose contract docs/design.md shows in full, each in a block of its own.
+DESIGN_SCRIPTS = ("acquire", "release", "extend", "throttle", "hold")
+
+
+def script_markdown(name: str) -> str:
+    """Script ``name``'s contract as a code block."""
+    return f"```text\n{contract(name)}```\n"
+
+
+def _job(text: str) -> str:
+    """What a contract says its script does: the lines before its first KEYS or ARGV."""
+    head = re.split(r"^(?:KEYS|ARGV)\[", text, maxsplit=1, flags=re.M)[0]
+    text = " ".join(head.split()).replace("|", "\\|")
+    return text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
+
+
+def _count(low: int, high: int) -> str:
+    return str(low) if low == high else f"{low}-{high}"
+
+
+def scripts_markdown() -> str:
+    """One row per registered script: its job, how many KEYS and ARGV it takes (from its
+    header), and the Redis commands it calls."""
+    lines = ["| script | what it does | KEYS | ARGV | Redis commands |", "|---|---|---|---|---|"]
+    for name, script in SCRIPTS.items():
+        text = contract(name)
+        keys, args = arity(text, "KEYS"), arity(text, "ARGV")
+        commands = ", ".join(f"`{command}`" for command in sorted(script.commands))
+        lines.append(
+            f"| `{name}.lua` | {_job(text)} | {_count(*keys)} | {_count(*args)} | {commands} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
 # ------------------------------------------------------------------------------ blocks
 
 
@@ -174,6 +214,11 @@ BLOCKS = (
     Block("docs/observability.md", "METRICS", metrics.reference_markdown),
     Block("docs/operations.md", "LIST COLUMNS", list_columns_markdown),
     Block("docs/deployment.md", "ACL", acl_markdown),
+    *(
+        Block("docs/design.md", f"SCRIPT {name}", lambda name=name: script_markdown(name))
+        for name in DESIGN_SCRIPTS
+    ),
+    Block("docs/design.md", "SCRIPTS", scripts_markdown),
 )
 #: The transcripts of the real command in docs/operations.md, by block name.
 SAMPLES_PAGE = "docs/operations.md"

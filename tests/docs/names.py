@@ -62,6 +62,11 @@ CELERY_EVENTS = frozenset((
     "task-sent", "task-received", "task-started", "task-succeeded", "task-failed",
     "task-rejected", "task-revoked", "task-retried",
 ))  # fmt: skip
+#: The error codes a Redis server replies with (the first word of an error reply).
+REDIS_ERRORS = frozenset((
+    "ASK", "BUSY", "CLUSTERDOWN", "CROSSSLOT", "EXECABORT", "LOADING", "MASTERDOWN", "MOVED",
+    "NOAUTH", "NOPERM", "NOSCRIPT", "OOM", "READONLY", "TRYAGAIN", "WRONGPASS", "WRONGTYPE",
+))  # fmt: skip
 #: Where a bare CamelCase name from outside the package may come from.
 THIRD_PARTY = (
     "celery", "celery.exceptions", "celery.app.task", "celery.signals", "celery.result",
@@ -166,8 +171,14 @@ class Known:
     def strings(self) -> set[str]:
         """Every module-level string constant of the package (header names, the pytest
         plugin's ini name, file names it writes)."""
-        return {value for values in self.defined.values() for value in values
-                if isinstance(value, str)}  # fmt: skip
+        found: set[str] = set()
+        for values in self.defined.values():
+            for value in values:
+                if isinstance(value, str):
+                    found.add(value)
+                elif isinstance(value, (tuple, frozenset)):
+                    found |= {item for item in value if isinstance(item, str)}
+        return found
 
     @cached_property
     def prefixed(self) -> set[str]:
@@ -256,20 +267,32 @@ class Known:
 
     @cached_property
     def environment(self) -> set[str]:
-        """Environment variables the repository's code, scripts and Makefile mention."""
-        files = subprocess.run(["git", "ls-files"], cwd=ROOT, capture_output=True, text=True,
-                               check=True, timeout=30).stdout.split()  # fmt: skip
+        """Environment variables the repository's code, scripts and Makefile read or set
+        (``os.environ``, ``getenv``, ``$NAME``, ``NAME=``, ``env={"NAME": ...}``)."""
         text = ""
-        for name in files:
-            if name.endswith((".py", ".sh", "Makefile", ".yml", "run")) and (ROOT / name).is_file():
-                text += (ROOT / name).read_text(encoding="utf-8", errors="replace")
-        return set(re.findall(r"\b[A-Z][A-Z0-9_]{2,}\b", text))
+        for name in self.files:
+            path = ROOT / name
+            if name.startswith("tests/docs/") or not path.is_file():
+                continue
+            if name.endswith((".py", ".sh", "Makefile", ".yml", "run", ".toml", ".cfg")):
+                text += path.read_text(encoding="utf-8", errors="replace") + "\n"
+        var = r"([A-Z][A-Z0-9_]{2,})"
+        patterns = (
+            rf"environ(?:\.get|\.setdefault|\.pop)?\(?\[?\s*[\"']{var}[\"']",
+            rf"(?:getenv|setenv|delenv)\(\s*[\"']{var}[\"']",
+            rf"\$\{{?\(?{var}",
+            rf"^\s*(?:export\s+)?{var}=",
+            rf"[\"']{var}[\"']\s*:",
+        )
+        return {found for pattern in patterns for found in re.findall(pattern, text, re.M)}
 
     @cached_property
     def files(self) -> list[str]:
         """Every file the repository tracks, and every folder on their paths."""
-        listed = subprocess.run(["git", "ls-files"], cwd=ROOT, capture_output=True, text=True,
-                                check=True, timeout=30).stdout.split()  # fmt: skip
+        listed = subprocess.run(
+            ["git", "ls-files", "--cached", "--others", "--exclude-standard"],
+            cwd=ROOT, capture_output=True, text=True, check=True, timeout=30,
+        ).stdout.split()  # fmt: skip
         folders = {str(parent) + "/" for name in listed for parent in Path(name).parents}
         return [*listed, *folders]
 
@@ -642,12 +665,20 @@ class Resolver:
         words = text.split()
         if not words or not re.fullmatch(r"[A-Z][A-Z0-9_]+", words[0]):
             return None
+        if words[0].endswith("_") and words[0] not in self.known.strings:
+            return None  # a prefix (CELERY_), not a name
         word = words[0]
         two = " ".join(words[:2])
         known = self.known
+        import signal  # noqa: PLC0415
+
+        from celery import states  # noqa: PLC0415
+
         if (word in known.scripts or word in self.redis_commands or two in self.redis_commands
-                or word in known.celery_states or word in known.defined
+                or word in REDIS_ERRORS or word in known.celery_states
+                or hasattr(states, word) or word in known.defined or word in known.strings
                 or text in known.headings or word in known.headings
-                or word in known.environment or hasattr(builtins, word)):  # fmt: skip
+                or word in known.environment or hasattr(builtins, word)
+                or hasattr(signal, word) or self._third_party(word) is not None):  # fmt: skip
             return True
-        return f"{word} is no script, Redis command, state, constant, heading or variable"
+        return f"{word}: no script, Redis command or error, state, constant, heading or variable"

@@ -26,6 +26,7 @@ ALLOWED = {
     "PX lease+grace": "design.md: the PX argument of SET, not a command",
     "BIGINT": "guarantees.md: the SQL column type a fencing token fits in",
     "TOKEN": "usage.md: a placeholder for an owner token",
+    "ARG": "operations.md: one of the ARGS of the explain synopsis",
 }
 
 
