@@ -14,18 +14,25 @@ Each part sits between ``<!-- BEGIN GENERATED <NAME> -->`` and ``<!-- END GENERA
 - docs/deployment.md: the least-privilege ACL of the lock Redis (:func:`acl_markdown`):
   the commands ``ops.checks`` derives from the scripts and the engine, and one key pattern
   per companion-key suffix of ``engine.keyspace``;
-- docs/design.md: each script's contract, the header of its ``.lua`` file
-  (``engine.scripts.contract``), and the table of every registered script
-  (:func:`scripts_markdown`).
+- docs/design.md: the layer drawing (:func:`layers_markdown`: every module and
+  subpackage of the package in the import-linter order of ``pyproject.toml``, each with the
+  first sentence of its docstring, and the exception tree of ``exceptions.py``), each
+  script's contract, the header of its ``.lua`` file (``engine.scripts.contract``), and the
+  table of every registered script (:func:`scripts_markdown`).
 """
 
 from __future__ import annotations
 
+import importlib
+import inspect
 import re
 import sys
-from collections.abc import Callable, Iterable
+import textwrap
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+
+import tomllib
 
 ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
@@ -154,6 +161,186 @@ def acl_markdown(prefix: str | None = None) -> str:
     return "\n".join(parts)
 
 
+# ------------------------------------------------------------------------------ layers
+
+PACKAGE = "celery_singleton_lock"
+#: The width of the layer drawing, and where a module's job starts in it.
+DRAWING_WIDTH, JOB_COLUMN = 96, 22
+
+
+def first_sentence(doc: str | None) -> str:
+    """The first sentence of a docstring, reST roles and literals made plain text."""
+    text = " ".join((doc or "").strip().split("\n\n")[0].split())
+    text = re.sub(r":\w+:`~?\.?([^`]+)`", r"\1", text).replace("``", "")
+    found = re.match(r"(.+?[.!?])(?:\s+[A-Z(`]|$)", text)
+    return found.group(1) if found else text
+
+
+def _module_files(package: Path) -> Iterator[tuple[str, Path]]:
+    """``(dotted name, path)`` of every module and subpackage directly in ``package``."""
+    for path in sorted(package.iterdir()):
+        if path.is_dir() and (path / "__init__.py").exists():
+            yield path.name, path
+        elif path.suffix == ".py" and path.name != "__init__.py":
+            yield path.stem, path
+
+
+def import_contracts() -> list[dict[str, object]]:
+    """The import-linter contracts of ``pyproject.toml``."""
+    data = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))
+    contracts: list[dict[str, object]] = data["tool"]["importlinter"]["contracts"]
+    return contracts
+
+
+def _layers(containers: str | None) -> list[list[str]]:
+    """The layers (top first) of the layers contract over ``containers`` (None: the
+    package's own), each a list of module names."""
+    for rule in import_contracts():
+        if rule.get("type") != "layers":
+            continue
+        inside = rule.get("containers")
+        if (inside is None and containers is None) or inside == [containers]:
+            layers = rule["layers"]
+            assert isinstance(layers, list)
+            return [[name.strip() for name in layer.split("|")] for layer in layers]
+    return []
+
+
+def _job(name: str) -> str:
+    """What module ``name`` is for: the first sentence of its docstring."""
+    return first_sentence(importlib.import_module(name).__doc__)
+
+
+def _entry(label: str, job: str, indent: int) -> list[str]:
+    """``label`` and its job, wrapped under the job column."""
+    head = " " * indent + label
+    width = DRAWING_WIDTH - JOB_COLUMN
+    if len(head) >= JOB_COLUMN - 1:
+        lines = [head]
+        body = textwrap.wrap(job, width)
+    else:
+        body = textwrap.wrap(job, width)
+        lines = [head.ljust(JOB_COLUMN) + (body.pop(0) if body else "")]
+    return lines + [" " * JOB_COLUMN + line for line in body]
+
+
+def _package_entries(dotted: str, indent: int) -> list[str]:
+    """A subpackage and its modules, in the order of its own layers contract (modules of
+    one layer one after the other; ``·`` between layers); modules the contract does not
+    name last, alphabetically."""
+    folder = ROOT / Path(*dotted.split("."))
+    lines = _entry(folder.name + "/", _job(dotted), indent)
+    modules = dict(_module_files(folder))
+    ordered: list[list[str]] = []
+    for layer in _layers(dotted):
+        ordered.append([name for name in layer if name in modules])
+    named = {name for layer in ordered for name in layer}
+    rest = [name for name in modules if name not in named]
+    if rest:
+        ordered.append(rest)
+    for index, layer in enumerate(ordered):
+        if index and layer:
+            lines.append(" " * (indent + 2) + "·")
+        for name in layer:
+            if modules[name].is_dir():
+                lines += _package_entries(f"{dotted}.{name}", indent + 2)
+            else:
+                lines += _entry(f"{name}.py", _job(f"{dotted}.{name}"), indent + 2)
+    return lines
+
+
+def _member_entries(dotted: str) -> list[str]:
+    """One member of a layer of the package's contract: a module, a subpackage, or a
+    module inside a subpackage (``ops.cli``, shown as ``ops/cli.py``)."""
+    relative = dotted.removeprefix(PACKAGE + ".")
+    path = ROOT / PACKAGE / Path(*relative.split("."))
+    if path.is_dir():
+        return _package_entries(dotted, 2)
+    return _entry(relative.replace(".", "/") + ".py", _job(dotted), 2)
+
+
+def exception_tree() -> list[str]:
+    """The exceptions of ``exceptions.py`` as a tree from their root, in the order the
+    module defines them, each with the first sentence of its docstring."""
+    exceptions = importlib.import_module(f"{PACKAGE}.exceptions")
+    classes = [value for name, value in vars(exceptions).items()
+               if name in exceptions.__all__ and inspect.isclass(value)]  # fmt: skip
+    roots = [cls for cls in classes if not any(base in classes for base in cls.__bases__)]
+    lines: list[str] = []
+    column = 26
+
+    def walk(cls: type, prefix: str, last: bool, depth: int) -> None:
+        mark = "" if depth == 0 else ("└── " if last else "├── ")
+        children = [c for c in classes if cls in c.__bases__]
+        inner = prefix + ("" if depth == 0 else ("    " if last else "│   "))
+        body = textwrap.wrap(first_sentence(cls.__doc__), DRAWING_WIDTH - column)
+        lines.append((prefix + mark + cls.__name__).ljust(column) + body[0])
+        below = inner + ("│" if children else "")
+        lines.extend(below.ljust(column) + line for line in body[1:])
+        for index, child in enumerate(children):
+            walk(child, inner, index == len(children) - 1, depth + 1)
+
+    for root in roots:
+        walk(root, "", True, 0)
+    return lines
+
+
+def layers_markdown() -> str:
+    """The layer drawing of docs/design.md: the package's layers contract top to bottom,
+    every module and subpackage in it with its job; the modules no layer names; the
+    contracts that keep Celery out; the exception tree."""
+    layers = _layers(None)
+    lines: list[str] = []
+    named: set[str] = set()
+    for index, layer in enumerate(layers):
+        if index:
+            lines.append("    ↓")
+        for member in layer:
+            named.add(member.removeprefix(PACKAGE + "."))
+            lines += _member_entries(member)
+    outside = [
+        name
+        for name, _ in _module_files(ROOT / PACKAGE)
+        if name not in named and not any(member.startswith(name + ".") for member in named)
+    ]
+    split = [
+        name
+        for name, path in _module_files(ROOT / PACKAGE)
+        if path.is_dir() and name not in named
+        and any(member.startswith(name + ".") for member in named)
+    ]  # fmt: skip
+    forbidden = next(c for c in import_contracts() if c.get("type") == "forbidden")
+    sources = forbidden["source_modules"]
+    banned = forbidden["forbidden_modules"]
+    assert isinstance(sources, list)
+    assert isinstance(banned, list)
+    kept = ", ".join(f"`{name.removeprefix(PACKAGE + '.')}`" for name in sources)
+    text = ["```", *lines, "```", ""]
+    text.append(
+        "In no layer of the contract: "
+        + "; ".join(f"`{name}{'' if (ROOT / PACKAGE / name).is_dir() else '.py'}` "
+                    f"({_job(f'{PACKAGE}.{name}').rstrip('.')})" for name in outside)
+        + ". `__init__.py` only re-exports the public names."
+    )  # fmt: skip
+    for name in split:
+        text.append("")
+        text.append(
+            f"`{name}/` ({_job(f'{PACKAGE}.{name}').rstrip('.')}) has its modules in "
+            "several layers, each shown where it sits."
+        )
+    text += [
+        "",
+        f"A *forbidden* contract keeps {' and '.join(f'`{b}`' for b in banned)} out of {kept}.",
+        "",
+        "The exceptions (`exceptions.py`), every one picklable, so a result backend can store it:",
+        "",
+        "```",
+        *exception_tree(),
+        "```",
+    ]
+    return "\n".join(text) + "\n"
+
+
 # ----------------------------------------------------------------------------- scripts
 
 #: The scripts whose contract docs/design.md shows in full, each in a block of its own.
@@ -165,7 +352,7 @@ def script_markdown(name: str) -> str:
     return f"```text\n{contract(name)}```\n"
 
 
-def _job(text: str) -> str:
+def _script_job(text: str) -> str:
     """What a contract says its script does: the lines before its first KEYS or ARGV."""
     head = re.split(r"^(?:KEYS|ARGV)\[", text, maxsplit=1, flags=re.M)[0]
     text = " ".join(head.split()).replace("|", "\\|")
@@ -184,9 +371,8 @@ def scripts_markdown() -> str:
         text = contract(name)
         keys, args = arity(text, "KEYS"), arity(text, "ARGV")
         commands = ", ".join(f"`{command}`" for command in sorted(script.commands))
-        lines.append(
-            f"| `{name}.lua` | {_job(text)} | {_count(*keys)} | {_count(*args)} | {commands} |"
-        )
+        counts = f"{_count(*keys)} | {_count(*args)}"
+        lines.append(f"| `{name}.lua` | {_script_job(text)} | {counts} | {commands} |")
     return "\n".join(lines) + "\n"
 
 
@@ -219,6 +405,7 @@ BLOCKS = (
         for name in DESIGN_SCRIPTS
     ),
     Block("docs/design.md", "SCRIPTS", scripts_markdown),
+    Block("docs/design.md", "LAYERS", layers_markdown),
 )
 #: The transcripts of the real command in docs/operations.md, by block name.
 SAMPLES_PAGE = "docs/operations.md"

@@ -11,6 +11,7 @@ block, the exit statuses) are checked against the code the same way.
 from __future__ import annotations
 
 import importlib.util
+import inspect
 import re
 import sys
 from pathlib import Path
@@ -164,3 +165,41 @@ def test_int_and_str_dict_keys_as_the_keys_page_says(serializer: str, same: bool
     assert canonical_json({1: "x"}) != canonical_json({"1": "x"})
     page = (ROOT / "docs" / "keys.md").read_text(encoding="utf-8")
     assert 'so `f({1: x})` and `f({"1": x})` are one key' in page
+
+
+def test_the_layer_drawing_shows_every_module() -> None:
+    """Every module and folder of the package is in the generated drawing of
+    docs/design.md (under its folder), so a module added anywhere appears once the docs
+    are regenerated; and the drawing on the page is that drawing."""
+    drawing = GEN.layers_markdown()
+    shown = set(re.findall(r"(?:^|\s|`)((?:\w+/)*\w+(?:\.py|/))", drawing, re.M))
+    package = ROOT / "celery_singleton_lock"
+    for path in package.rglob("*.py"):
+        if path.name == "__init__.py":
+            if path.parent != package:
+                assert path.parent.name + "/" in shown, path
+            continue
+        relative = path.relative_to(package)
+        assert path.name in shown or str(relative) in shown, relative
+    assert GEN.current("docs/design.md", "LAYERS") == drawing
+
+
+def test_the_exceptions_docstring_draws_the_class_tree() -> None:
+    """The tree in ``exceptions.py``'s docstring has the classes, parents and order of
+    the code (the drawing in docs/design.md is generated from the classes)."""
+    from celery_singleton_lock import exceptions  # noqa: PLC0415
+
+    def shape(lines: list[str]) -> list[tuple[int, str]]:
+        found = []
+        for line in lines:
+            match = re.match(r"([\s│├└─]*)([A-Z]\w+)", line)
+            if match:
+                found.append((len(match.group(1)) // 4, match.group(2)))
+        return found
+
+    doc = inspect.cleandoc(exceptions.__doc__ or "")
+    found = re.search(r"^( *)SingletonLockError.*?(?=\n\n)", doc, re.M | re.S)
+    assert found is not None
+    indent = len(found.group(1))
+    tree = [line[indent:] for line in found.group(0).splitlines()]
+    assert shape(tree) == shape(GEN.exception_tree())
