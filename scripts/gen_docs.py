@@ -14,6 +14,9 @@ Each part sits between ``<!-- BEGIN GENERATED <NAME> -->`` and ``<!-- END GENERA
 - docs/deployment.md: the least-privilege ACL of the lock Redis (:func:`acl_markdown`):
   the commands ``ops.checks`` derives from the scripts and the engine, and one key pattern
   per companion-key suffix of ``engine.keyspace``;
+- docs/keys.md: every form of key the package writes, each with a key the code builds
+  (:func:`key_forms_markdown`), and what each companion-key suffix of ``engine.keyspace``
+  holds (:func:`suffixes_markdown`, from the comment above its constant);
 - docs/design.md: the layer drawing (:func:`layers_markdown`: every module and
   subpackage of the package in the import-linter order of ``pyproject.toml``, each with the
   first sentence of its docstring, and the exception tree of ``exceptions.py``), each
@@ -31,6 +34,7 @@ import textwrap
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import tomllib
 
@@ -341,6 +345,101 @@ def layers_markdown() -> str:
     return "\n".join(text) + "\n"
 
 
+# -------------------------------------------------------------------------------- keys
+
+
+def _example_tasks() -> tuple[Any, Any]:
+    """Two tasks of a throwaway app with the default prefix: ``shop.buy`` locked on its SKU,
+    ``reports.export`` with a stacked limit per tenant."""
+    from celery import Celery  # noqa: PLC0415 - only the keys page builds an app
+
+    from celery_singleton_lock import LockedTask  # noqa: PLC0415
+
+    app = Celery("keys-page", set_as_current=False)
+
+    @app.task(base=LockedTask, shared=False, name="shop.buy", lock_keys=["sku"])
+    def buy(sku: str, user_id: int) -> None: ...
+
+    @app.task(
+        base=LockedTask, shared=False, name="reports.export", lock_keys=["tenant", "report"],
+        lock_limits=[("tenant:{tenant}", 2)],
+    )  # fmt: skip
+    def export(tenant: str, report: str) -> None: ...
+
+    return buy, export
+
+
+def key_forms() -> list[tuple[str, str, str]]:
+    """``(form, a key of that form the code builds, what it is)`` for every kind of key."""
+    from celery_singleton_lock.engine import stack  # noqa: PLC0415
+    from celery_singleton_lock.engine.keyspace import SLOT, companion_key  # noqa: PLC0415
+
+    prefix = Settings().prefix
+    buy, export = _example_tasks()
+    key = buy.lock_key("sku-42", 7)
+    stacked = export.lock_key("acme", "q3")
+    base = stack_base(prefix)
+    return [
+        ("<prefix>:<task name>:{<digest>}", key, "a task's lock (`shop.buy`, "
+         '`lock_keys=["sku"]`, called with `"sku-42", 7`)'),
+        ("<prefix>:<task name>:<digest>:{<prefix>:stack}", stacked, "the lock of a task "
+         "with `lock_limits`: the stack's hash tag instead of the digest's"),
+        ("<key>:<suffix>", companion_key(key, "queue"), "a companion key beside a lock, in "
+         "its hash slot (the suffixes below)"),
+        ("<key>:slot:<i>", companion_key(key, SLOT) + "2", "slot *i* >= 2 of a lock with "
+         "`lock_limit` (slot 1 is the key itself)"),
+        ("<prefix>:{<prefix>:stack}:limit:<name>", base + stack.LIMIT_PREFIX + "tenant:acme",
+         "the shares held in a stacked limit (a sorted set)"),
+        ("<prefix>:{<prefix>:stack}:wake:<name>", base + stack.WAKE_PREFIX + "tenant:acme",
+         "the wake-up list of a stacked limit"),
+        ("<prefix>:{<prefix>:stack}:line:<name>", base + stack.LINE_PREFIX + "tenant:acme",
+         "the runs waiting for room in a stacked limit (and `<...>:alive` beside it)"),
+        ("<prefix>:{<prefix>:stack}:limits", base + stack.LIMITS, "numbers set by "
+         "`celery locks limit set` (a hash)"),
+        ("<prefix>~skipped:<task id>", skip_record_key(prefix, "<task id>"), "the record of "
+         "a skipped run (`skip_info`)"),
+        ("{<prefix>}~parking", parking_index(prefix), "the keys the worker sweep looks after "
+         "(park, coalesce, replace)"),
+    ]  # fmt: skip
+
+
+def key_forms_markdown() -> str:
+    """The table of key forms."""
+    lines = ["| form | built by the code | what |", "|---|---|---|"]
+    lines += [f"| `{form}` | `{example}` | {what} |" for form, example, what in key_forms()]
+    return "\n".join(lines) + "\n"
+
+
+def suffix_meanings() -> dict[str, str]:
+    """What each companion-key suffix is for: the ``#:`` comment above its constant in
+    ``engine/keyspace.py``. A suffix without one stops the generator."""
+    source = (ROOT / PACKAGE / "engine" / "keyspace.py").read_text(encoding="utf-8")
+    found: dict[str, str] = {}
+    comment: list[str] = []
+    for line in source.splitlines():
+        if line.startswith("#: "):
+            comment.append(line[3:])
+            continue
+        assigned = re.match(r'([A-Z_]+) = "([^"]*)"$', line)
+        if assigned and comment:
+            found[assigned.group(2)] = " ".join(comment)
+        comment = []
+    missing = set(SUFFIXES.values()) - set(found)
+    if missing:
+        raise ValueError(f"engine/keyspace.py: no #: comment above {sorted(missing)}")
+    return found
+
+
+def suffixes_markdown() -> str:
+    """One row per companion-key suffix of ``engine.keyspace``, in its order."""
+    meanings = suffix_meanings()
+    lines = ["| suffix | what it holds |", "|---|---|"]
+    for suffix in dict.fromkeys(SUFFIXES.values()):
+        what = meanings[suffix].replace("``", "`").replace("|", "\\|")
+        lines.append(f"| `{suffix}` | {what} |")
+    return "\n".join(lines) + "\n"
+
+
 # ----------------------------------------------------------------------------- scripts
 
 #: The scripts whose contract docs/design.md shows in full, each in a block of its own.
@@ -406,6 +505,8 @@ BLOCKS = (
     ),
     Block("docs/design.md", "SCRIPTS", scripts_markdown),
     Block("docs/design.md", "LAYERS", layers_markdown),
+    Block("docs/keys.md", "KEY FORMS", key_forms_markdown),
+    Block("docs/keys.md", "SUFFIXES", suffixes_markdown),
 )
 #: The transcripts of the real command in docs/operations.md, by block name.
 SAMPLES_PAGE = "docs/operations.md"
