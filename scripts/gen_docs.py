@@ -11,6 +11,9 @@ Each part sits between ``<!-- BEGIN GENERATED <NAME> -->`` and ``<!-- END GENERA
   ``ops.cli``'s extra columns, with :data:`COLUMN_MEANINGS`) and the transcripts of the
   real ``celery locks`` command (``tests/docs/cli_samples.py``, which starts a
   redis-server; ``--no-samples`` leaves them alone);
+- docs/operations.md: the lines and states of ``celery locks explain`` and the fields of
+  its ``--json`` (:func:`explain_lines_markdown`, :func:`explain_json_markdown`, from an
+  explanation with every part filled in, with :data:`EXPLAIN_MEANINGS`);
 - docs/deployment.md: the least-privilege ACL of the lock Redis (:func:`acl_markdown`):
   the commands ``ops.checks`` derives from the scripts and the engine, and one key pattern
   per companion-key suffix of ``engine.keyspace``;
@@ -90,6 +93,134 @@ def list_columns_markdown() -> str:
     lines = ["| column | what |", "|---|---|"]
     lines += [f"| `{column}` | {COLUMN_MEANINGS[column]} |" for column in columns]
     return "\n".join(lines) + "\n"
+
+
+# ------------------------------------------------------------------------------ explain
+
+#: What each line of ``celery locks explain`` shows. A line the text gains without an entry
+#: here (or an entry the text no longer has) stops the generator.
+EXPLAIN_MEANINGS = {
+    "Key": "the key the call locks (as `locks key` prints it)",
+    "State": "the first that applies of {states} (`--json` lists all that apply in "
+    "`states`); `free` when none does",
+    "Slots": "with `lock_limit=N`: how many of the N slots are held",
+    "Holder": "each hold, one per slot held: task and task id, host/pid; `running`, "
+    "`queued` (taken at publish, its message not started), `handed` (a parked call given "
+    "the key, not started), `held after success` (no pid: no process runs it) or `expired` "
+    "(the next call takes it over), or `classic` (a plain timestamp) or `foreign` for a "
+    "value another program wrote; for how long and since when (its fencing token is the "
+    "server's clock then); the lease left; the last renewal, when the task's "
+    "`lock_timeout` tells it; the fencing token. `nobody` when the key is free",
+    "Waiters": "runs blocked under `wait`, in turn order (the waiters' queue `<key>:queue` "
+    "and each one's `<key>:waiter:<token>`), and how long each has waited",
+    "Parked": "calls parked under `park`, with the position each will be handed the key at "
+    "(`<key>:parked`, `<key>:parkdata`)",
+    "Handed": "parked calls handed the key that have not started yet (`<key>:granted`)",
+    "Follow-up": "the pending follow-up of `coalesce` or `replace` (`<key>:pending`): the "
+    "call that runs when the holder ends",
+    "Throttle": "with `lock_rate_limit`: the starts in the window (`<key>:starts`) and when "
+    "the next start is free",
+    "Debounce": "the key's burst (`<key>:debounce`, `<key>:burst:<id>`): its task id, how "
+    "many calls it gathered, when its run is due",
+    "Limit": "with `lock_limits`, one line per stacked limit of the call: its weight in use "
+    "of the number that applies (and where that number comes from: set in Redis by name or "
+    "template, or the code's), by how many holds, the weight waiting in its line, and "
+    "whether this call's weight fits",
+}
+
+
+def full_explanation() -> Any:
+    """An explanation with every part filled in (made-up values, no Redis): what the text
+    and the JSON of ``celery locks explain`` can hold. A field of ``Explanation`` left at
+    its default stops the generator, so a part added to it shows up here."""
+    import dataclasses  # noqa: PLC0415
+
+    from celery_singleton_lock import explain as ex  # noqa: PLC0415
+
+    now = 1_795_316_945.0
+    held = ex.Held("csl:shop.buy:{18ef}", 1, "running", "d9c1f0de", "shop.buy", "worker-1",
+                   4242, now - 2, 2.0, 28.0, 30.0, 1.0, 1795316942953000)  # fmt: skip
+    explanation = ex.Explanation(
+        key="csl:shop.buy:{18ef}",
+        now=now,
+        task="shop.buy",
+        holders=(held,),
+        slots=2,
+        slots_held=1,
+        waiters=(ex.Waiter(1, "0b3e9d4a", "shop.buy", "worker-2", 5151, now - 1, 1.0),),
+        waiting=1,
+        parked=(ex.Parked(1, "6f2a9c1e", "shop.buy", now - 1, 1.0),),
+        parked_total=1,
+        handed=(ex.Handed("b8d1e5c3", now - 1, 1.0),),
+        follow_up=ex.FollowUp("c3d2e1f0", "shop.buy", "web-1", 77),
+        throttle=ex.Throttle("10/m", 10, 60.0, 10, now + 4, 4.0),
+        debounce=ex.Burst("a1b2c3d4", 3, now - 5, now + 1, 1.0, "open"),
+        limits=(ex.LimitUse("tenant:acme", "tenant:{tenant}", 2, "code", 2, 1, 1, 1),),
+        states=tuple(state for state in ex.STATES if state != "free"),
+    )
+    defaults = [
+        field.name
+        for field in dataclasses.fields(ex.Explanation)
+        if field.default is not dataclasses.MISSING
+        and getattr(explanation, field.name) == field.default
+    ]
+    if defaults:
+        raise ValueError(f"full_explanation: fill in {defaults}")
+    return explanation
+
+
+def explain_lines() -> list[str]:
+    """The line labels of ``celery locks explain``'s text, in the order it prints them."""
+    labels = []
+    for line in str(full_explanation()).splitlines():
+        label = line.split("  ", 1)[0]
+        if label.strip() and label not in labels:
+            labels.append(label)
+    return labels
+
+
+def explain_lines_markdown() -> str:
+    """The lines of ``celery locks explain``, with what each shows."""
+    from celery_singleton_lock.explain import STATES  # noqa: PLC0415
+
+    labels = explain_lines()
+    missing = [label for label in labels if label not in EXPLAIN_MEANINGS]
+    stale = [label for label in EXPLAIN_MEANINGS if label not in labels]
+    if missing or stale:
+        raise ValueError(f"EXPLAIN_MEANINGS: describe {missing}, drop {stale}")
+    states = ", ".join(f"`{state}`" for state in STATES if state != "free")
+    lines = ["| line | what |", "|---|---|"]
+    for label in labels:
+        what = EXPLAIN_MEANINGS[label].replace("{states}", states).replace("|", "\\|")
+        lines.append(f"| `{label}` | {what} |")
+    return "\n".join(lines) + "\n"
+
+
+def _field_list(value: Any) -> str:
+    names = []
+    for name, item in value.items():
+        if isinstance(item, list) and item and isinstance(item[0], dict):
+            inner = ", ".join(f"`{key}`" for key in item[0])
+            names.append(f"`{name}` (each {inner})")
+        elif isinstance(item, dict):
+            inner = ", ".join(f"`{key}`" for key in item)
+            names.append(f"`{name}` ({inner}; null when there is none)"
+                         if name not in ("slots",) else f"`{name}` ({inner})")  # fmt: skip
+        else:
+            names.append(f"`{name}`")
+    return ", ".join(names)
+
+
+def explain_json_markdown() -> str:
+    """The fields of ``celery locks explain --json``, from the JSON of a full explanation."""
+    from celery_singleton_lock.explain import MOST  # noqa: PLC0415
+
+    return (
+        f"At most {MOST} waiters, {MOST} parked calls, {MOST} handed calls and {MOST} slot "
+        "holders are listed (the totals are exact). `--json` prints one object: "
+        f"{_field_list(full_explanation().as_json())}. Times are Unix seconds on the "
+        "server's clock, durations seconds.\n"
+    )
 
 
 # ---------------------------------------------------------------------------------- ACL
@@ -498,6 +629,8 @@ BLOCKS = (
     Block("docs/observability.md", "EVENTS", events_markdown),
     Block("docs/observability.md", "METRICS", metrics.reference_markdown),
     Block("docs/operations.md", "LIST COLUMNS", list_columns_markdown),
+    Block("docs/operations.md", "EXPLAIN LINES", explain_lines_markdown),
+    Block("docs/operations.md", "EXPLAIN JSON", explain_json_markdown),
     Block("docs/deployment.md", "ACL", acl_markdown),
     *(
         Block("docs/design.md", f"SCRIPT {name}", lambda name=name: script_markdown(name))
