@@ -19,7 +19,10 @@ Run ``python -m benchmarks.run [--quick] [--write docs/benchmarks.md] [--readme 
    (``benchmarks.baseline``), then every table with the command line above it, the
    hot-key section last (between markers of its own, which ``bench_hotkey --write``
    replaces alone). With ``--write`` it replaces the generated block of that file, with
-   ``--readme`` the benchmark block of the README; otherwise it is printed.
+   ``--readme`` the benchmark block of the README; otherwise it is printed. ``make bench``
+   then runs ``make docs-gen``, which writes the prose that reads these tables
+   (``benchmarks.prose``: docs/benchmarks.md's "Reading these numbers", docs/comparison.md's
+   summary) from the new block.
 
 The benchmarks report and never assert; this command exits 0 whatever they measure.
 """

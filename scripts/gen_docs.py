@@ -17,6 +17,10 @@ Each part sits between ``<!-- BEGIN GENERATED <NAME> -->`` and ``<!-- END GENERA
 - docs/deployment.md: the least-privilege ACL of the lock Redis (:func:`acl_markdown`):
   the commands ``ops.checks`` derives from the scripts and the engine, and one key pattern
   per companion-key suffix of ``engine.keyspace``;
+- docs/benchmarks.md and docs/comparison.md: the prose that reads the benchmark tables
+  (``benchmarks.prose``), from the block ``python -m benchmarks.run`` wrote;
+- docs/soak.md: the modes the soak runs (``tests/invariants/modes.py``) and what the
+  restarts of the lock Redis did in the committed report (``benchmarks.soak.report``);
 - docs/keys.md: every form of key the package writes, each with a key the code builds
   (:func:`key_forms_markdown`), and what each companion-key suffix of ``engine.keyspace``
   holds (:func:`suffixes_markdown`, from the comment above its constant);
@@ -29,6 +33,7 @@ Each part sits between ``<!-- BEGIN GENERATED <NAME> -->`` and ``<!-- END GENERA
 
 from __future__ import annotations
 
+import functools
 import importlib
 import inspect
 import re
@@ -45,7 +50,8 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))  # tests.docs.cli_samples, when run as a script
 
-from celery_singleton_lock import metrics  # noqa: E402 - after the path is set
+from benchmarks import prose  # noqa: E402 - after the path is set
+from celery_singleton_lock import metrics  # noqa: E402
 from celery_singleton_lock._observe import (  # noqa: E402
     events_markdown,
     signals_markdown,
@@ -658,6 +664,40 @@ def scripts_markdown() -> str:
 # ------------------------------------------------------------------------------ blocks
 
 
+def _page(page: str) -> str:
+    return (ROOT / page).read_text(encoding="utf-8")
+
+
+def soak_modes_markdown() -> str:
+    """The modes every soak runs (``benchmarks.soak.modes.SOAK_MODES``), each with its
+    summary from ``tests/invariants/modes.py``."""
+    from benchmarks.soak.modes import SOAK_MODES  # noqa: PLC0415 - the soak's own imports
+    from tests.invariants.modes import MODES  # noqa: PLC0415
+
+    lines = ["| mode | what it runs |", "|---|---|"]
+    lines += [f"| `{name}` | {MODES[name].summary} |" for name in SOAK_MODES]
+    return "\n".join(lines) + "\n"
+
+
+def soak_restarts_markdown() -> str:
+    """What the restarts did in the committed soak report (``docs/soak/report.json``)."""
+    import json  # noqa: PLC0415
+
+    from benchmarks.soak.report import restarts  # noqa: PLC0415
+
+    return restarts(json.loads(_page("docs/soak/report.json")))
+
+
+def reading_markdown() -> str:
+    """ "Reading these numbers" of docs/benchmarks.md, from its generated block."""
+    return prose.reading_markdown(_page("docs/benchmarks.md"))
+
+
+def benchmark_summary_markdown() -> str:
+    """The benchmark summary of docs/comparison.md, from docs/benchmarks.md's block."""
+    return prose.comparison_markdown(_page("docs/benchmarks.md"))
+
+
 @dataclass(frozen=True)
 class Block:
     """One generated part of a page."""
@@ -682,12 +722,16 @@ BLOCKS = (
     Block("docs/operations.md", "EXPLAIN JSON", explain_json_markdown),
     Block("docs/deployment.md", "ACL", acl_markdown),
     *(
-        Block("docs/design.md", f"SCRIPT {name}", lambda name=name: script_markdown(name))
+        Block("docs/design.md", f"SCRIPT {name}", functools.partial(script_markdown, name))
         for name in DESIGN_SCRIPTS
     ),
     Block("docs/design.md", "SCRIPTS", scripts_markdown),
     Block("docs/design.md", "LAYERS", layers_markdown),
     Block("docs/keys.md", "KEY FORMS", key_forms_markdown),
+    Block("docs/benchmarks.md", "READING", reading_markdown),
+    Block("docs/comparison.md", "BENCHMARK SUMMARY", benchmark_summary_markdown),
+    Block("docs/soak.md", "SOAK MODES", soak_modes_markdown),
+    Block("docs/soak.md", "SOAK RESTARTS", soak_restarts_markdown),
     Block("docs/keys.md", "SUFFIXES", suffixes_markdown),
 )
 #: The transcripts of the real command in docs/operations.md, by block name.
