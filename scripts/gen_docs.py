@@ -19,6 +19,8 @@ Each part sits between ``<!-- BEGIN GENERATED <NAME> -->`` and ``<!-- END GENERA
   per companion-key suffix of ``engine.keyspace``;
 - docs/benchmarks.md and docs/comparison.md: the prose that reads the benchmark tables
   (``benchmarks.prose``), from the block ``python -m benchmarks.run`` wrote;
+- docs/deployment.md: the table of the committed failover trials (``docs/soak/failover.json``,
+  rendered by ``benchmarks.failover.table``);
 - docs/soak.md: the modes the soak runs (``tests/invariants/modes.py``) and what the
   restarts of the lock Redis did in the committed report (``benchmarks.soak.report``);
 - docs/keys.md: every form of key the package writes, each with a key the code builds
@@ -668,6 +670,17 @@ def _page(page: str) -> str:
     return (ROOT / page).read_text(encoding="utf-8")
 
 
+def failover_markdown() -> str:
+    """The committed failover trials (``make failover`` wrote docs/soak/failover.json), as
+    ``python -m benchmarks.failover`` prints them."""
+    import json  # noqa: PLC0415
+
+    from benchmarks.failover import Trial, table  # noqa: PLC0415
+
+    trials = json.loads(_page("docs/soak/failover.json"))
+    return table([Trial(**trial) for trial in trials]) + "\n"
+
+
 def soak_modes_markdown() -> str:
     """The modes every soak runs (``benchmarks.soak.modes.SOAK_MODES``), each with its
     summary from ``tests/invariants/modes.py``."""
@@ -731,6 +744,7 @@ BLOCKS = (
     Block("docs/benchmarks.md", "READING", reading_markdown),
     Block("docs/comparison.md", "BENCHMARK SUMMARY", benchmark_summary_markdown),
     Block("docs/soak.md", "SOAK MODES", soak_modes_markdown),
+    Block("docs/deployment.md", "FAILOVER", failover_markdown),
     Block("docs/soak.md", "SOAK RESTARTS", soak_restarts_markdown),
     Block("docs/keys.md", "SUFFIXES", suffixes_markdown),
 )
