@@ -247,3 +247,35 @@ def test_the_readme_s_tested_versions_are_the_matrix_s() -> None:
         f"Celery {middle['celery']}, kombu {middle['kombu']}, "
         f"redis-py {middle['redis'].removesuffix('.0')}"
     ) in sentence
+
+
+def test_the_testing_page_lists_the_plugin_s_fixtures_with_their_scope() -> None:
+    """docs/testing.md's fixture table has exactly the fixtures of
+    ``celery_singleton_lock.pytest_plugin``, each with the scope its decorator gives."""
+    source = (ROOT / "celery_singleton_lock" / "pytest_plugin.py").read_text(encoding="utf-8")
+    declared = {
+        name: (scope or "function")
+        for scope, name in re.findall(
+            r'^@pytest\.fixture(?:\(scope="(\w+)"\))?\ndef (\w+)\(', source, re.M
+        )
+    }
+    page = (ROOT / "docs" / "testing.md").read_text(encoding="utf-8")
+    listed = dict(re.findall(r"^\| `(\w+)` \| (session|test) \|", page, re.M))
+    assert {name: "function" if scope == "test" else scope for name, scope in listed.items()} == (
+        declared
+    )
+
+
+def test_the_check_table_names_the_admin_commands_the_code_probes() -> None:
+    """The ``admin`` row of docs/operations.md's check table lists exactly the commands
+    ``ops.checks.ADMIN_COMMANDS`` probes, and the ``clock`` row its warning bound."""
+    from celery_singleton_lock.ops import checks  # noqa: PLC0415
+
+    page = (ROOT / "docs" / "operations.md").read_text(encoding="utf-8")
+    row = re.search(r"^\| `admin` \| (.*)$", page, re.M)
+    assert row is not None
+    ok = row.group(1).split(" | ")[0]
+    assert set(re.findall(r"`([A-Z]+)`", ok)) == set(checks.ADMIN_COMMANDS)
+    clock = re.search(r"^\| `clock` \| the server's clock is within ([\d.]+) s", page, re.M)
+    assert clock is not None
+    assert float(clock.group(1)) == checks.CLOCK_WARN_SECONDS
