@@ -21,6 +21,7 @@ Each part sits between ``<!-- BEGIN GENERATED <NAME> -->`` and ``<!-- END GENERA
   (``benchmarks.prose``), from the block ``python -m benchmarks.run`` wrote;
 - docs/deployment.md: the table of the committed failover trials (``docs/soak/failover.json``,
   rendered by ``benchmarks.failover.table``);
+- docs/modes.md: every rule of ``modes.COMBINATIONS``, as its error words it;
 - docs/soak.md: the modes the soak runs (``tests/invariants/modes.py``) and what the
   restarts of the lock Redis did in the committed report (``benchmarks.soak.report``);
 - docs/keys.md: every form of key the package writes, each with a key the code builds
@@ -670,6 +671,16 @@ def _page(page: str) -> str:
     return (ROOT / page).read_text(encoding="utf-8")
 
 
+def combinations_markdown() -> str:
+    """Every rule of ``modes.COMBINATIONS``: the message a broken rule raises."""
+    from celery_singleton_lock.modes import COMBINATIONS  # noqa: PLC0415
+
+    def escaped(text: str) -> str:
+        return text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
+
+    return "".join(f"- {escaped(rule.message)}\n" for rule in COMBINATIONS)
+
+
 def failover_markdown() -> str:
     """The committed failover trials (``make failover`` wrote docs/soak/failover.json), as
     ``python -m benchmarks.failover`` prints them."""
@@ -745,6 +756,7 @@ BLOCKS = (
     Block("docs/comparison.md", "BENCHMARK SUMMARY", benchmark_summary_markdown),
     Block("docs/soak.md", "SOAK MODES", soak_modes_markdown),
     Block("docs/deployment.md", "FAILOVER", failover_markdown),
+    Block("docs/modes.md", "COMBINATIONS", combinations_markdown),
     Block("docs/soak.md", "SOAK RESTARTS", soak_restarts_markdown),
     Block("docs/keys.md", "SUFFIXES", suffixes_markdown),
 )
