@@ -34,8 +34,9 @@ stay beside it, from the first drain: the own time (``tottime``) of our function
 (``ours_self_us``, what the issue's 360 µs was), the own time of built-ins and
 standard-library functions on calls from our frames (``ours_callees_us``, from cProfile's
 per-caller records), the calls into our functions per task (``ours_calls``, a count that
-does not depend on the machine's speed or load) and the top 15 of our functions by own
-time (``ours_top``).
+does not depend on the machine's speed or load) and every one of our functions with its
+calls and times (``ours_functions``; the section lists the 15 with the most sampled CPU,
+``top_table``).
 """
 
 from __future__ import annotations
@@ -162,11 +163,12 @@ CALLEE_GROUPS = frozenset({GROUPS[-1][0]})
 
 
 def own_python(stats: pstats.Stats, tasks: int, top: int = TOP) -> Result:
-    """Issue 32's "our own Python per task" from a profile covering ``tasks`` tasks:
-    ``ours_self_us`` (own time of our functions), ``ours_calls`` (calls into them),
-    ``ours_callees_us`` (own time of built-ins and standard-library functions on calls
-    made from our frames) and ``ours_top``, our ``top`` functions by own time, each with
-    calls, own µs and inclusive µs per task and own µs per call."""
+    """cProfile's side of issue 32's "our own Python per task", from a profile covering
+    ``tasks`` tasks: ``ours_self_us`` (own time of our functions), ``ours_calls`` (calls
+    into them), ``ours_callees_us`` (own time of built-ins and standard-library functions
+    on calls made from our frames), ``ours_functions`` (every one of our functions, with
+    calls, own µs and inclusive µs per task and own µs per call) and ``ours_top`` (the
+    ``top`` of them by own time). The judged figure is the sampler's (``sampled``)."""
     raw: dict[Any, Any] = stats.stats  # type: ignore[attr-defined]
     self_s = calls = callees_s = 0.0
     functions: list[Result] = []
@@ -190,6 +192,7 @@ def own_python(stats: pstats.Stats, tasks: int, top: int = TOP) -> Result:
         "ours_calls": calls / tasks,
         "ours_callees_us": callees_s * 1e6 / tasks,
         "ours_top": functions[:top],
+        "ours_functions": functions,
     }
 
 
@@ -513,23 +516,30 @@ def _fmt(value: Any, digits: int) -> str:
     return f"{float(value):,.{digits}f}" if isinstance(value, int | float) else "—"
 
 
-def top_table(result: Result, label: str) -> list[str]:
-    """Our functions by own time per task for one kind (``ours_top``, cProfile), with the
-    sampler's CPU per function beside them."""
-    top = result.get("ours_top") or []
+def top_table(result: Result, label: str, top: int = TOP) -> list[str]:
+    """Our ``top`` functions for one kind, by the sampler's CPU time per task when the kind
+    was sampled (else by cProfile's own time), with cProfile's calls and times of each."""
     cpu = (result.get("sampled") or {}).get("ours_cpu_by_function") or {}
+    functions = result.get("ours_functions") or result.get("ours_top") or []
+    if cpu:
+        functions = sorted(functions, key=lambda f: -float(cpu.get(f["function"], 0.0)))
+        order = "the sampler's CPU time"
+    else:
+        order = "own time under cProfile"
+    functions = functions[:top]
     out = [
-        f"Our functions by own time under cProfile, {label} (top {len(top)}), with the "
-        "sampler's CPU time of each:",
+        f"Our functions by {order}, {label} (top {len(functions)}), with cProfile's calls "
+        "and times of each:",
         "",
         "| function | calls per task | CPU µs per task (sampler) | own µs per task (cProfile) "
         "| own µs per call (cProfile) | inclusive µs per task (cProfile) |",
         "|---|---:|---:|---:|---:|---:|",
     ]
     out += [
-        f"| `{f['function']}` | {f['calls']:.2f} | {_fmt(cpu.get(f['function'], 0.0), 1)} "
+        f"| `{f['function'].partition(' ')[0]}` `{f['function'].partition(' ')[2]}` "
+        f"| {f['calls']:.2f} | {_fmt(cpu.get(f['function'], 0.0) if cpu else None, 1)} "
         f"| {f['self_us']:.1f} | {f['per_call_us']:.2f} | {f['cum_us']:.1f} |"
-        for f in top
+        for f in functions
     ]
     return out
 

@@ -13,9 +13,10 @@ from typing import Any
 
 import pytest
 
+from benchmarks import prose
 from benchmarks import run as bench_run
 from benchmarks.bench_celery import Params, hot_path_report, paired, summarise, table
-from benchmarks.profile_task import own_python, sampled
+from benchmarks.profile_task import own_python, sampled, top_table
 from benchmarks.targets24 import Row
 from benchmarks.targets32 import ONE_KEY_FLOOR, drain_rows, rows
 from benchmarks.targets32 import table as targets_table
@@ -230,3 +231,73 @@ def test_the_readme_paragraph_still_fits_the_readme() -> None:
     head, rest = readme.split(bench_run.README_BEGIN, 1)
     new = head + text + rest.split(bench_run.README_END, 1)[1]
     assert len(new.encode()) <= README_MAX_BYTES
+
+
+def _block(rows32: list[Row], top: list[str]) -> str:
+    """A generated block with issue 32's table, the run-scope table of our functions and
+    then the queue-scope one (which must not be read)."""
+    return "\n".join(
+        [
+            prose.BEGIN,
+            "## This run",
+            "",
+            "- Machine: 2 CPUs (test)",
+            "",
+            "## Targets (issue 32)",
+            "",
+            *targets_table(rows32),
+            "",
+            "## Targets (issue 24)",
+            "",
+            "| target (issue 24) | measured | target | verdict |",
+            "|---|---|---|---|",
+            "",
+            "## Where a locked task's time goes",
+            "",
+            *top,
+            "",
+            *[line.replace("run scope", "queue scope").replace("| 4.0 |", "| 99.0 |")
+              for line in top],
+            "",
+            "## Hot key",
+            "",
+            prose.END,
+        ]
+    )  # fmt: skip
+
+
+def test_the_reading_quotes_issue_32_rows_and_where_the_time_goes() -> None:
+    """Each row of issue 32's table as printed, its verdicts counted, and, with a row
+    missed, the run-scope functions with the most sampled CPU (not the queue scope's)."""
+    result = {
+        "ours_functions": [
+            {"function": f"engine/lock.py:{n} f{n}", "calls": 1.0, "self_us": 9.0,
+             "per_call_us": 9.0, "cum_us": 9.0}
+            for n in range(1, 6)
+        ],
+        "sampled": {"ours_cpu_by_function": {"engine/lock.py:2 f2": 4.0,
+                                             "engine/lock.py:4 f4": 7.5,
+                                             "engine/lock.py:5 f5": 1.0}},
+    }  # fmt: skip
+    top = top_table(result, "ours, run scope")
+    assert top[0].startswith("Our functions by the sampler's CPU time, ours, run scope (top 5)")
+    assert top[4] == "| `engine/lock.py:4` `f4` | 1.00 | 7.5 | 9.0 | 9.00 | 9.0 |"
+    assert top[-1] == "| `engine/lock.py:3` `f3` | 1.00 | 0.0 | 9.0 | 9.00 | 9.0 |"
+    met = Row("run scope: drain × plain", "0.93× (1 vs 2)", "≥ 0.90×", "met")
+    missed = Row("queue scope: round trips", "4.00 (1.00 + 3.00)", "≤ 3", "MISSED")
+    block = _block([met, missed], top)
+    assert [t.verdict for t in prose.targets32(block)] == ["met", "MISSED"]
+    assert prose.hot_spots(block) == [
+        "`engine/lock.py:4` `f4` 7.5 µs (1.00 calls per task)",
+        "`engine/lock.py:2` `f2` 4.0 µs (1.00 calls per task)",
+        "`engine/lock.py:5` `f5` 1.0 µs (1.00 calls per task)",
+    ]
+    reading = prose.reading_markdown(block)
+    assert "(1 met, 1 MISSED).**" in reading
+    assert "  - run scope: drain × plain: 0.93× (1 vs 2) (target ≥ 0.90×, met)." in reading
+    assert "(target ≤ 3, **MISSED**)." in reading
+    assert "`engine/lock.py:4` `f4` 7.5 µs" in reading
+    assert "99.0 µs" not in reading  # the queue-scope table is not read
+    all_met = prose.reading_markdown(_block([met], top))
+    assert "Where our own time goes" not in all_met
+    assert prose.targets32(block.replace("## Targets (issue 32)", "## Other")) == []
