@@ -537,6 +537,18 @@ def machine_info() -> dict[str, str]:
     }
 
 
+def busy_cpu() -> tuple[float, float]:
+    """(CPU seconds all processes of the host have used, of which this process and its
+    reaped children), from /proc/stat and os.times(); their difference over an interval is
+    what other processes used: the check that the machine was quiet."""
+    tick = os.sysconf("SC_CLK_TCK")
+    with open("/proc/stat", encoding="ascii") as fh:
+        fields = [int(v) for v in fh.readline().split()[1:]]
+    busy = sum(fields[:3]) + sum(fields[5:8])  # user nice system . . irq softirq steal
+    own = os.times()
+    return busy / tick, own.user + own.system + own.children_user + own.children_system
+
+
 def loadavg() -> str:
     try:
         return " ".join(Path("/proc/loadavg").read_text().split()[:3])
@@ -1065,6 +1077,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         f"audit: {params.audit_tasks} tasks\n"
     )
     began = time.monotonic()
+    cpu_start = busy_cpu()
     results, audits, summary = run_celery(params, chosen, lambda text: print(text, flush=True))
     profile: dict[str, Result] = {}
     if args.hot_path:
@@ -1080,7 +1093,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     else:
         print(f"\n{render_tables(summary, chosen)}\n")
         print("\n".join(targets(summary)))
-    print(f"\nload average at end: {loadavg()}; took {time.monotonic() - began:.0f} s")
+    took = time.monotonic() - began
+    cpu_end = busy_cpu()
+    foreign = max(0.0, (cpu_end[0] - cpu_start[0]) - (cpu_end[1] - cpu_start[1]))
+    capacity = took * len(os.sched_getaffinity(0))
+    print(
+        f"\nload average at end: {loadavg()}; took {took:.0f} s; CPU used by other processes "
+        f"meanwhile: {foreign:.0f} s of {capacity:.0f} CPU-seconds ({100 * foreign / capacity:.0f} "
+        "%: what other work took from this run's machine)"
+    )
     if args.json:
         Path(args.json).write_text(
             json.dumps(

@@ -85,18 +85,6 @@ def provenance() -> dict[str, str]:
     }
 
 
-def busy_cpu() -> tuple[float, float]:
-    """(CPU seconds all processes of the host have used, of which this process and its
-    reaped children), from /proc/stat and os.times(); their difference over an interval is
-    what other processes used: the check that the machine was quiet."""
-    tick = os.sysconf("SC_CLK_TCK")
-    with open("/proc/stat", encoding="ascii") as fh:
-        fields = [int(v) for v in fh.readline().split()[1:]]
-    busy = sum(fields[:3]) + sum(fields[5:8])  # user nice system . . irq softirq steal
-    own = os.times()
-    return busy / tick, own.user + own.system + own.children_user + own.children_system
-
-
 def loadavg() -> str:
     return ", ".join(f"{v:.2f}" for v in os.getloadavg())
 
@@ -303,7 +291,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     when = dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     git_info = provenance()
     loads = {"start": loadavg()}
-    cpu_start = busy_cpu()
+    cpu_start = bench_celery.busy_cpu()
 
     def progress(text: str, t0: float) -> None:
         elapsed = f"[{time.monotonic() - began:7.1f}s]"
@@ -368,7 +356,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         )
     hotkey_s = time.monotonic() - t0
     loads["end"] = loadavg()
-    cpu_end = busy_cpu()
+    cpu_end = bench_celery.busy_cpu()
     wall = time.monotonic() - began
     foreign = (cpu_end[0] - cpu_start[0]) - (cpu_end[1] - cpu_start[1])
     capacity = wall * len(os.sched_getaffinity(0))
