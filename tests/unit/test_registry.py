@@ -50,6 +50,7 @@ def test_every_lifetime_but_the_default_is_a_mode() -> None:
         ({"rate_limit": "3/s"}, "rate_limit"),
         ({"scope": "queue", "release": "start"}, "start"),
         ({"release": "success", "hold": 2.0}, "success"),
+        ({"scope": "queue", "limits": (("all", 3),)}, "held"),
     ],
 )
 def test_each_mode_applies_to_its_options_only(changes: dict[str, object], mode: str) -> None:
@@ -67,7 +68,36 @@ def test_the_modes_page_documents_every_policy_and_mode_option() -> None:
     for option in ("lock_debounce", "lock_rate_limit", "lock_release", "lock_hold", "lock_order"):
         assert option in text, option
     names = {kind.__name__ for kind in MODES}
-    assert names == {"Debounce", "Order", "Throttle", "ReleaseAtStart", "HoldAfterSuccess"}
+    assert names == {
+        "Debounce",
+        "Order",
+        "HoldBack",
+        "Throttle",
+        "ReleaseAtStart",
+        "HoldAfterSuccess",
+    }
+
+
+@pytest.mark.parametrize(
+    ("changes", "held"),
+    [
+        ({"on_conflict": "park", "limits": (("all", 3),)}, True),
+        ({"on_conflict": "park", "rate_limit": "3/s"}, True),
+        ({"on_conflict": "park"}, False),
+        ({"scope": "queue", "on_conflict": "coalesce", "limits": (("all", 3),)}, True),
+        ({"scope": "queue", "on_conflict": "raise", "limits": (("all", 3),)}, False),
+        ({"limits": (("all", 3),)}, False),
+        ({"rate_limit": "3/s", "on_conflict": "retry"}, False),
+    ],
+)
+def test_calls_are_held_back_in_redis_only_where_they_come_back(
+    changes: dict[str, object], held: bool
+) -> None:
+    """The held-back mode (modes.held) is on where a call a limit or a rate holds back comes
+    back later (park; queue scope with limits, but for raise and wait), and only there: a
+    task without it pays nothing for it."""
+    options = dataclasses.replace(opt.LockOptions(), **changes)  # type: ignore[arg-type]
+    assert ("held" in {type(mode).name for mode in plan_for(options).modes}) is held
 
 
 def test_every_rule_is_checked_once() -> None:
