@@ -54,6 +54,9 @@ _RANDOM = random.SystemRandom()
 SWEEP_INTERVAL = 3.0
 #: The most keys one sweep looks at.
 SWEEP_KEYS = 1000
+#: The most looks one sweep of held-back calls takes (each hands out at most
+#: ``modes.held.SWEEP_MOST``).
+SWEEP_ROUNDS = 10
 
 
 def _text(value: Any) -> str:
@@ -104,17 +107,22 @@ def sweep_held(app: Celery, tasks: tuple[str, ...]) -> tuple[int, float | None]:
     how many, and the seconds until the next one's window opens (None: none waits for one)."""
     settings = settings_for(app)
     client = redis_for(app, settings.url)
-    swept = atomic.held_sweep(
-        client,
-        stack_base(settings.prefix),
-        restart_ms=int(held.HELD_RESTART * 1000),
-        place_ms=int(held.PLACE_KEEP * 1000),
-        travel_ms=int(held.TRAVEL_KEEP * 1000),
-        most=held.SWEEP_MOST,
-        tasks=tasks,
-    )
+    found_calls: list[atomic.HeldCall] = []
+    for _ in range(SWEEP_ROUNDS):  # more than one look's worth fits: look again at once
+        swept = atomic.held_sweep(
+            client,
+            stack_base(settings.prefix),
+            restart_ms=int(held.HELD_RESTART * 1000),
+            place_ms=int(held.PLACE_KEEP * 1000),
+            travel_ms=int(held.TRAVEL_KEEP * 1000),
+            most=held.SWEEP_MOST,
+            tasks=tasks,
+        )
+        found_calls += swept.calls
+        if len(swept.calls) < held.SWEEP_MOST:
+            break
     published = 0
-    for found in swept.calls:
+    for found in found_calls:
         task_name, handed = decode_call(found.task_id, found.payload)
         task = app.tasks.get(task_name)
         if task is None:
@@ -171,10 +179,16 @@ class Sweeper:
                     due_at = None if due is None else time.monotonic() + due
             except (LockError, OSError) as exc:
                 log.warning("park sweep failed, trying again: %s", exc)
-                self._stop.wait(1.0)
+                next_full = self._after_failure()
             except Exception:  # a sweep must never end the worker
                 log.exception("park sweep failed")
-                self._stop.wait(1.0)
+                next_full = self._after_failure()
+
+    def _after_failure(self) -> float:
+        """Wait one interval after a failed sweep (the lock Redis may be down); when the
+        next full sweep is due."""
+        self._stop.wait(self._interval())
+        return time.monotonic()
 
     @staticmethod
     def _interval() -> float:

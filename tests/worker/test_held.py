@@ -117,8 +117,8 @@ def test_a_queue_scope_call_held_back_by_a_limit_outlives_its_worker(
     first = workers(concurrency=4, app=APP)
     _hold(hp, data, 3)
     call = hp.pooled_queued.delay("queued", "p1", 2)
+    assert wait_for(lambda: call.state == "RETRY", timeout=BOUND), call.state
     assert wait_for(lambda: _broker_idle(data, unacked=1), timeout=BOUND)
-    assert call.state != "SUCCESS"
     assert hp.pooled_queued.delay("queued", "p1", 2).id == call.id  # still deduplicated
     first.kill()
     workers(concurrency=4, app=APP)
