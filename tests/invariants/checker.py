@@ -51,6 +51,9 @@ and lists every :class:`Violation`. The invariants, for every call the driver ma
    (``limit_exceeded``: the limit, its peak, the number allowed, the runs inside).
 9. **No lease is lost** unless the run's faults could cost one (``lease_lost``: the
    runner's stalls are shorter than the lease; the soak pauses workers past it).
+10. **A parked call holds no worker**: a call parked when a whole worker was killed (and
+    not published again or started since) does not come back as the broker's redelivery
+    of a countdown retry that worker kept (``parked_in_worker``; see :func:`_check_parked`).
 
 A violation whose window contains a restart of the lock Redis (which loses every lock,
 follow-up, burst, skip record, rate window and success hold) is flagged ``restart=True``
@@ -67,7 +70,15 @@ from typing import Any
 from celery_singleton_lock.limits import render_limit
 from tests.invariants.modes import MODES, Mode
 from tests.invariants.recording import KILL_LANDS
-from tests.invariants.records import BodyRun, Call, Exec, FaultRecord, Observation, Outcome
+from tests.invariants.records import (
+    BodyRun,
+    Call,
+    Exec,
+    FaultRecord,
+    Observation,
+    Outcome,
+    Receipt,
+)
 
 __all__ = [
     "HOLD_TOLERANCE",
@@ -119,6 +130,10 @@ KINDS: Mapping[str, str] = {
     "unreachable or just as its process was killed (its end could not be recorded), with "
     "its worker killed before it acknowledged the message: the broker delivered it again "
     "(at-least-once delivery)",
+    "parked_in_worker": "a parked call waited in a worker: after that whole worker was "
+    "killed, it came back only as the broker's redelivery of a retry with a countdown that "
+    "the worker had kept unacknowledged (so a visibility timeout, not its limit or window, "
+    "decided when it ran)",
     "lost_behind_transport": "parked behind a queue-scope call whose message the broker "
     "transport lost as a worker was killed: that call holds the key for lock_queue_timeout "
     "(celery locks reap frees it)",
@@ -129,7 +144,11 @@ NOT_THE_LOCK = ("lost_in_transport", "ran_twice_unrecorded", "lost_behind_transp
 #: the run as finished: the worker writes that record a moment after the body returns.
 RECORD_WINDOW = 0.25
 #: Faults that kill a whole worker (its consumer too).
-WORKER_KILLS = ("worker_kill",)
+WORKER_KILLS = ("worker_kill", "parked_kill")
+#: A whole worker killed this soon (seconds) after a call parked may have died before it
+#: acknowledged the message that parked it: the broker's redelivery of that message is
+#: at-least-once delivery, not a parked call kept in the worker.
+PARK_ACK_WINDOW = 0.5
 #: A successful run's hold may end this much early (seconds): the body records its end a
 #: moment before the hold is taken, on the same host clock.
 HOLD_TOLERANCE = 0.05
@@ -225,6 +244,7 @@ def fault_allowance(fault: FaultRecord, lease: float, visibility: float) -> floa
     length = max(0.0, fault.t1 - fault.t0)
     allowances = {
         "worker_kill": length + visibility + 3.0,
+        "parked_kill": length + visibility + 3.0,
         "child_kill": 3.0,
         "redis_stall": length + 2.0,
         "redis_stop": length + 2.0,
@@ -897,6 +917,52 @@ def _behind_transport(run: _Run) -> None:
             item.got += f"; parked behind call(s) {cause.calls}, lost in transport"
 
 
+def _check_parked(run: _Run) -> None:
+    """A parked call holds no worker: for a call parked (``lock_parked``) when a whole
+    worker was killed, neither published again (but as a retry with a countdown: an ETA
+    message waits in the worker that takes it) nor started since, its first message
+    received after the kill must not be the broker's redelivery of such a lock retry with a
+    countdown. A kill within ``PARK_ACK_WINDOW`` of the park is excused (the message that
+    parked it may not have been acknowledged yet)."""
+    parked: dict[str, list[float]] = defaultdict(list)
+    for record in run.obs.signals:
+        if record.signal == "lock_parked" and record.task_id:
+            parked[record.task_id].append(record.t)
+    fresh: dict[str, list[float]] = defaultdict(list)
+    for sent in run.obs.published:
+        if not sent.eta:
+            fresh[sent.task_id].append(sent.t)
+    received: dict[str, list[Receipt]] = defaultdict(list)
+    for receipt in sorted(run.obs.receipts, key=lambda item: item.t):
+        received[receipt.task_id].append(receipt)
+    kills = [f for f in run.obs.faults if f.kind in WORKER_KILLS]
+    for task_id, moments in parked.items():
+        own = run.by_own.get(task_id)
+        calls = run.by_result.get(task_id) or ([own] if own is not None else [])
+        if not calls:
+            continue
+        starts = [body.start for body in run.bodies.get(task_id, [])]
+        for kill in kills:
+            before = [moment for moment in moments if moment <= kill.t0]
+            if not before:
+                continue
+            since = max(before)
+            if kill.t0 - since < PARK_ACK_WINDOW:
+                continue
+            if any(since < t <= kill.t0 for t in fresh[task_id] + starts):
+                continue  # published again (handed its key, its limits had room) or ran
+            after = next((r for r in received[task_id] if r.t > kill.t0), None)
+            if after is None or not (after.redelivered and after.eta and after.lock_retries):
+                continue
+            run.flag("parked_in_worker", calls,
+                     "a parked call comes back from the lock Redis, whatever worker dies",
+                     f"parked at +{since - calls[0].t_call:.2f} s, its worker killed "
+                     f"{kill.t0 - since:.2f} s later; it came back {after.t - kill.t0:.2f} s "
+                     "after the kill as the broker's redelivery of a countdown retry",
+                     (since, after.t), [task_id])  # fmt: skip
+            break
+
+
 def _check_order(run: _Run) -> None:
     """Ordered modes: a call whose apply_async returned before another's began starts
     first (first starts compared). Calls with a countdown or ETA step aside; a stall or
@@ -943,6 +1009,7 @@ def check(obs: Observation, modes: Mapping[str, Mode] = MODES) -> Verdict:
     _check_lifetimes(run)
     _check_leases(run)
     _check_order(run)
+    _check_parked(run)
     _behind_transport(run)
     return Verdict(run.terminals, run.violations, _figures(run))
 
