@@ -108,13 +108,17 @@ def test_every_rule_is_checked_once() -> None:
 
 
 def test_the_park_figures_of_the_modes_page_are_the_code_s() -> None:
-    """docs/modes.md quotes the sweep's interval and the hand-off restart from the code."""
+    """docs/modes.md quotes the sweep's interval and the hand-off restarts (of a parked
+    call handed its key, of a held-back call handed out) from the code."""
+    from celery_singleton_lock.modes.held import HELD_RESTART  # noqa: PLC0415
     from celery_singleton_lock.modes.park import GRANT_RESTART  # noqa: PLC0415
     from celery_singleton_lock.runtime.sweep import SWEEP_INTERVAL  # noqa: PLC0415
 
     text = " ".join((DOCS / "modes.md").read_text().split())
     assert f"every {SWEEP_INTERVAL:g} s (`runtime.sweep.SWEEP_INTERVAL`" in text
     assert f"within {GRANT_RESTART:g} s (`modes.park.GRANT_RESTART`" in text
+    assert f"after {HELD_RESTART:g} s (`modes.held.HELD_RESTART`" in text
+    assert f"every {SWEEP_INTERVAL:g} s or so" in text
 
 
 def test_the_follow_up_figures_of_the_modes_page_are_the_code_s() -> None:
