@@ -102,8 +102,9 @@ READY = ("SUCCESS", "FAILURE", "REVOKED")
 KINDS: Mapping[str, str] = {
     "lost": "never reached a terminal state within the bounded wait (PENDING/RETRY for ever)",
     "lost_in_transport": "lost, its last message (the call, a retry or a handed call) never "
-    "received by a worker, published as a worker was killed (kombu's Redis transport, "
-    "celery/celery#7950: not the lock)",
+    "received by a worker, published as a worker was killed, or gone from the broker with a "
+    "worker killed after it was published (kombu's Redis transport pops a message before it "
+    "records it as unacknowledged, celery/celery#7950: not the lock)",
     "not_allowed": "ended in a terminal state its mode does not allow",
     "wrong_arguments": "the id ran with other arguments than the call it should run",
     "unexpected_result": "the stored result is not what a body of that id returned",
@@ -451,6 +452,12 @@ def _near_a_worker_kill(run: _Run, sent: Sequence[float]) -> bool:
     )
 
 
+def _killed_after(run: _Run, moment: float) -> bool:
+    """Whether a whole worker was killed after a message was published at ``moment`` (or
+    just before: the kill is recorded as it is sent)."""
+    return any(f.kind in WORKER_KILLS and f.t0 >= moment - 0.5 for f in run.obs.faults)
+
+
 def _expected_call(run: _Run, mode: Mode, rid: str) -> Call | None:
     """The call whose arguments id ``rid`` must run."""
     group = run.by_result[rid]
@@ -478,8 +485,15 @@ def _check_result(run: _Run, rid: str) -> None:
             ran += f", published {len(sent)}x (last at +{sent[-1] - group[0].t_call:.2f} s), " \
                 f"{seen} by a worker"  # fmt: skip
             later = [b for b in bodies if b.start >= sent[-1]]
-            if not later and _near_a_worker_kill(run, sent[-1:]):
+            left = run.obs.notes.get("broker_left")
+            # Not in the broker at the end either (neither queued nor unacknowledged): a
+            # consumer took it off the queue and never received it, which only a worker
+            # killed in between does, however long the message had waited in the queue.
+            gone = left is not None and rid not in left and _killed_after(run, sent[-1])
+            if not later and (_near_a_worker_kill(run, sent[-1:]) or gone):
                 kind = "lost_in_transport"
+            if not later and gone:
+                ran += "; not in the broker either, and a whole worker was killed after it"
         where = run.obs.notes.get("broker_left", {}).get(rid)
         if where:
             ran += f"; its message is still {where} in the broker"

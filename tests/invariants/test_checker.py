@@ -306,6 +306,24 @@ def test_a_message_a_killed_worker_took_off_the_broker_is_counted_apart() -> Non
     assert r.kinds() == ["lost"]  # the retry was received: the lock must not lose it
 
 
+def test_a_message_gone_from_the_broker_unreceived_went_with_a_killed_worker() -> None:
+    """A call published long before a whole worker was killed, never received, and not in
+    the broker at the end (neither queued nor unacknowledged) was taken off the queue by
+    the killed worker's consumer (it waited there until then): the transport's. Still in
+    the broker, or with no kill after its publish, it is lost by the lock."""
+    r = Records()
+    call = r.call("park_limit2_rate", 5.0)
+    r.obs.published.append(Publish(call.own_id, "inv.park_limit2_rate", 5.005, "driver"))
+    r.obs.faults.append(FaultRecord("parked_kill", 8.3, 9.4, "w1"))
+    r.obs.notes["broker_left"] = {}
+    assert r.kinds() == ["lost_in_transport"]
+    r.obs.notes["broker_left"] = {call.own_id: "queued"}
+    assert r.kinds() == ["lost"]
+    r.obs.notes["broker_left"] = {}
+    r.obs.faults[0] = FaultRecord("parked_kill", 3.0, 4.0, "w1")
+    assert r.kinds() == ["lost"]
+
+
 def test_a_throttled_retry_comes_back_at_the_next_free_start() -> None:
     r = Records()
     call = r.call("rate_retry", 1.0)
