@@ -38,11 +38,12 @@ demo:  ## the flash-sale demo (REDIS_URL to use your Redis; else a private one i
 	@scripts/bootstrap.sh demo
 	$(VENV)/python -m examples.flash_sale.demo $(ARGS)
 
-bench:  ## every published benchmark figure from one run (~20 min): docs/benchmarks.md, README, docs/img/
+bench:  ## every published benchmark figure from one run (its duration: "Took" in docs/benchmarks.md): docs/benchmarks.md, README, docs/img/
 	@scripts/bootstrap.sh test,dev,bench
 	$(VENV)/python -m benchmarks.run --write docs/benchmarks.md --readme README.md $(ARGS)
+	$(VENV)/python scripts/gen_docs.py --no-samples  # the prose that reads the new tables
 
-bench-quick:  ## a smoke run of every benchmark (~3 min); prints the markdown, writes nothing
+bench-quick:  ## a smoke run of every benchmark (one short repetition); prints the markdown, writes nothing
 	@scripts/bootstrap.sh test,dev,bench
 	$(VENV)/python -m benchmarks.run --quick $(ARGS)
 

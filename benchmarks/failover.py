@@ -212,7 +212,9 @@ def run_trial(scenario: str, replicas: int, rng: random.Random) -> Trial:
     return result
 
 
-def _table(trials: Sequence[Trial]) -> str:
+def table(trials: Sequence[Trial]) -> str:
+    """The trials as a markdown table, one row per setting (docs/deployment.md shows it,
+    generated from docs/soak/failover.json by ``make docs-gen``)."""
     lines = [
         "| master lost by | `replicas` | failovers | holds across the failover | of them "
         "lost by it | exclusion broken (a rival got in) | failovers that broke it | their "
@@ -256,7 +258,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 trials.append(trial)
                 print(f"failover: {json.dumps(asdict(trial))}", flush=True)
     print(f"\n{platform.platform(terse=True)}, seed {args.seed}, lease {LEASE:g} s\n")
-    print(_table(trials))
+    print(table(trials))
     if args.json:
         with open(args.json, "w", encoding="utf-8") as out:
             json.dump([asdict(trial) for trial in trials], out, indent=1)

@@ -19,7 +19,10 @@ Run ``python -m benchmarks.run [--quick] [--write docs/benchmarks.md] [--readme 
    (``benchmarks.baseline``), then every table with the command line above it, the
    hot-key section last (between markers of its own, which ``bench_hotkey --write``
    replaces alone). With ``--write`` it replaces the generated block of that file, with
-   ``--readme`` the benchmark block of the README; otherwise it is printed.
+   ``--readme`` the benchmark block of the README; otherwise it is printed. ``make bench``
+   then runs ``make docs-gen``, which writes the prose that reads these tables
+   (``benchmarks.prose``: docs/benchmarks.md's "Reading these numbers", docs/comparison.md's
+   summary) from the new block.
 
 The benchmarks report and never assert; this command exits 0 whatever they measure.
 """
@@ -283,7 +286,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    parser.add_argument("--quick", action="store_true", help="a smoke run of everything (~3 min)")
+    parser.add_argument("--quick", action="store_true", help="a smoke run of everything, once")
     parser.add_argument("--write", metavar="MD", help="replace the generated block of this file")
     parser.add_argument("--readme", metavar="MD", help="replace this README's benchmark block")
     parser.add_argument("--img", metavar="DIR", help="plots here (default: img/ beside --write)")

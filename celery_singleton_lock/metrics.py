@@ -97,7 +97,9 @@ __all__ = [
     "LIMIT_SERIES",
     "LimitsCollector",
     "LockMetrics",
+    "Series",
     "enable",
+    "exposed",
     "install",
     "multiprocess_dir",
     "reference_markdown",
@@ -445,18 +447,61 @@ def install(
     return metrics
 
 
-def reference_markdown() -> str:
-    """The reference table of the metrics for the docs, generated from
-    :meth:`LockMetrics.create` (each metric's exposed name, type, labels and help text)."""
+@dataclass(frozen=True)
+class Series:
+    """One series name Prometheus scrapes from a worker: its ``family`` (as registered),
+    the family's ``type``, its ``labels`` (in registration order) and help ``text``. A
+    counter ``x`` is scraped as ``x_total``; a histogram ``x`` as ``x_bucket`` (label
+    ``le`` added), ``x_sum`` and ``x_count``."""
+
+    name: str
+    family: str
+    type: str
+    labels: tuple[str, ...]
+    text: str
+
+
+def exposed() -> list[Series]:
+    """Every series the package exposes: the families :meth:`LockMetrics.create`
+    registers and the limit gauges :class:`LimitsCollector` reads at each scrape. The
+    reference table of the docs, the dashboard test and the docs' name check read it."""
     metrics = LockMetrics.create(CollectorRegistry())
-    lines = ["| metric | type | labels | what |", "|---|---|---|---|"]
+    found: list[Series] = []
     for row in dataclasses.fields(metrics):
         metric = getattr(metrics, row.name)
         (family,) = metric.describe()
-        exposed = f"{family.name}_total" if family.type == "counter" else family.name
-        labels = ", ".join(f"`{label}`" for label in metric._labelnames)
-        what = family.documentation.replace("|", "\\|")
-        lines.append(f"| `{exposed}` | {family.type} | {labels} | {what} |")
+        labels = tuple(metric._labelnames)
+        text = family.documentation
+
+        def series(name: str, extra: tuple[str, ...] = ()) -> Series:
+            return Series(name, family.name, family.type, labels + extra, text)  # noqa: B023
+
+        if family.type == "counter":
+            found.append(series(f"{family.name}_total"))
+        elif family.type == "histogram":
+            found.append(series(f"{family.name}_bucket", ("le",)))
+            found += [series(f"{family.name}_sum"), series(f"{family.name}_count")]
+        else:
+            found.append(series(family.name))
     for name, text in LIMIT_GAUGES:
-        lines.append(f"| `{PREFIX}_{name}` | gauge | `limit` | {text} Read at each scrape. |")
+        family_name = f"{PREFIX}_{name}"
+        found.append(Series(family_name, family_name, "gauge", ("limit",), text))
+    return found
+
+
+def reference_markdown() -> str:
+    """The reference table of the metrics for the docs, generated from :func:`exposed`
+    (each family's exposed name, type, labels and help text)."""
+    lines = ["| metric | type | labels | what |", "|---|---|---|---|"]
+    seen: set[str] = set()
+    for series in exposed():
+        if series.family in seen:
+            continue
+        seen.add(series.family)
+        name = series.name if series.type == "counter" else series.family
+        labels = ", ".join(f"`{label}`" for label in series.labels if label != "le")
+        what = series.text.replace("|", "\\|")
+        if series.type == "gauge":
+            what += " Read at each scrape."
+        lines.append(f"| `{name}` | {series.type} | {labels} | {what} |")
     return "\n".join(lines) + "\n"

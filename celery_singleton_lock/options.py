@@ -26,7 +26,7 @@ from typing import Any
 
 from celery.exceptions import ImproperlyConfigured
 
-from celery_singleton_lock.client import mask_url, url_error
+from celery_singleton_lock.client import REDIS_URL_SCHEMES, mask_url, url_error
 from celery_singleton_lock.engine.constants import MAX_DURATION
 from celery_singleton_lock.limits import MAX_WEIGHT, LimitsOption, WeightOption, parse_limits
 
@@ -468,7 +468,7 @@ class Settings(LockOptions):
         "redis://localhost:6379/0", _url,
         "The lock Redis. Default: the broker URL if it is redis/rediss, else the result "
         "backend's if Redis, else redis://localhost:6379/0.",
-        values="redis://, rediss://, unix://, redis+socket://, sentinel://, redis+cluster:// URL",
+        values=", ".join(f"{scheme}://" for scheme in REDIS_URL_SCHEMES) + " URL",
         none_is_value=True,
     )  # fmt: skip
     prefix: str = _option(

@@ -38,12 +38,14 @@ if TYPE_CHECKING:
 else:
     AnyTask = Any
 
-__all__ = ["BACKLOG", "ModesProducer", "judge", "summary"]
+__all__ = ["BACKLOG", "SOAK_MODES", "ModesProducer", "judge", "summary"]
 
 #: Result ids of the modes' calls not ready yet, at most.
 BACKLOG = 24
 #: Keys per mode.
 KEYS = ("m0", "m1")
+#: The modes every soak runs: all of the invariant checker's (its report lists each).
+SOAK_MODES: tuple[str, ...] = tuple(MODES)
 
 
 class ModesProducer(threading.Thread):
@@ -55,7 +57,7 @@ class ModesProducer(threading.Thread):
         tasks: Mapping[str, AnyTask],
         recorder: Recorder,
         seed: int,
-        modes: Sequence[str] = tuple(MODES),
+        modes: Sequence[str] = SOAK_MODES,
     ) -> None:
         super().__init__(name="soak-modes-producer", daemon=True)
         self.driver = Driver(app, tasks, recorder, say=lambda text: print(f"soak: {text}"))

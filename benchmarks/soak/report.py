@@ -9,7 +9,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-__all__ = ["FAULT_NAMES", "headline", "markdown"]
+__all__ = ["FAULT_NAMES", "headline", "markdown", "restarts"]
 
 #: How each fault kind is named in the report.
 FAULT_NAMES = {
@@ -92,6 +92,37 @@ def headline(report: Mapping[str, Any]) -> str:
     lines = ["| | |", "|---|---|"]
     lines += [f"| {name} | {value} |" for name, value in rows]
     return "\n".join(lines)
+
+
+def restarts(report: Mapping[str, Any]) -> str:
+    """What the restarts of the lock Redis did in this run, for docs/soak.md: how many
+    there were, the locked bodies they hit, the holds the audit found gone and the
+    overlaps seen; and the command that runs the same seed again."""
+    figures, config = report["figures"], report["config"]
+    count = figures["faults"].get("redis_restart", 0)
+    hit = sum(len(fault["held"]) for fault in report["faults"] if fault["kind"] == "redis_restart")
+    missing = figures["holds_missing_after_data_loss"]
+    overlaps = figures["overlaps_after_data_loss"]
+    text = (
+        f"In the committed run the {count} restarts hit {hit} running bodies; the audit found "
+        f"{missing} holds gone before their commit (those bodies stopped and their tasks ran "
+        "again), and "
+    )
+    if overlaps:
+        lengths = _seconds(figures["overlap_seconds_after_data_loss"])
+        text += f"{overlaps} overlaps were seen ({lengths}): the lock itself was gone."
+    else:
+        text += (
+            "no overlap was seen. That is luck of the workload, not a promise: the lock "
+            "itself was gone."
+        )
+    return (
+        text
+        + "\n\nTo run the committed report again: "
+        + f'`make soak MINUTES={_number(config["minutes"])} ARGS="--seed {config["seed"]}"` '
+        "(the faults land at other moments on another machine, so the figures differ; the "
+        "targets must not).\n"
+    )
 
 
 def _targets(targets: Sequence[Mapping[str, Any]]) -> str:

@@ -53,7 +53,7 @@ SLOT = "slot:"
 #: by the end of the lease it is believed held for (a free slot: its own number).
 SLOTS = "slots"
 #: Beside the slot index, a hash: owner token -> its slot, and per slot and per group who
-#: holds it (``scripts/lib/slots.lua``).
+#: holds it (``engine/scripts/lib/slots.lua``).
 OWNERS = "owners"
 #: The highest fencing token issued across a lock's slots.
 FENCE = "fence"
@@ -82,11 +82,12 @@ PARKED = "parked"
 PARKDATA = "parkdata"
 #: Parked calls handed the key but not started yet: a sorted set scored by server ms.
 GRANTED = "granted"
-#: ``lock_order="enqueue"``: the outstanding calls of a key by turn (a sorted set), the
-#: deadline of each (server ms; a call whose message never comes leaves the line), and the
-#: counter their turns are taken from.
+#: ``lock_order="enqueue"``: the outstanding calls of a key, by turn (a sorted set).
 ORDER = "order"
+#: ``lock_order="enqueue"``: the deadline of each outstanding call (server ms; a call whose
+#: message never comes leaves the line).
 ORDER_DUE = "orderdue"
+#: ``lock_order="enqueue"``: the counter the calls' turns are taken from.
 SEQ = "seq"
 
 #: Every suffix, by the name the Lua scripts know it under (``K_<NAME>``).

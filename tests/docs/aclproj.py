@@ -5,7 +5,9 @@ docs/deployment.md: one task per conflict policy and mode.
 server's default user, another database), whose database + 1 keeps the results and + 2 the
 tasks' own records. ``CSL_ACL_SCRIPTING=0`` selects the plain-command protocol, with only the
 tasks that mode allows. Each body records its value (and how many runs of its name are
-inside at once) in the data database, sleeps ``seconds`` and returns ``value``.
+inside at once) in the data database, sleeps ``seconds`` (or, negative, waits for the test
+to open its gate) and returns ``value``; the ``lock_on_lost="raise"`` task checks its lease
+meanwhile.
 """
 
 from __future__ import annotations
@@ -49,21 +51,35 @@ def data() -> redis.Redis:
     return _data[pid]
 
 
+#: How long a gated body waits for its gate at most (seconds).
+GATE_BOUND = 120.0
+
+
 def record(name: str, seconds: float, value: int) -> int:
-    """The body of every task: note the run, and the most runs of ``name`` inside at once."""
+    """The body of every task: note the run, and the most runs of ``name`` inside at once.
+    It then sleeps ``seconds``, or, when ``seconds`` is negative, holds until the test
+    opens the gate of ``name`` (``open:<name>`` in the data database; at most
+    :data:`GATE_BOUND`), so a run is still inside when the test acts, however slow the
+    machine."""
     client = data()
     inside = client.incr(f"inside:{name}")
     client.rpush(f"runs:{name}", value)
     peak = int(client.get(f"peak:{name}") or 0)
     if inside > peak:
         client.set(f"peak:{name}", inside)
-    time.sleep(seconds)
+    if seconds >= 0:
+        time.sleep(seconds)
+    else:
+        deadline = time.monotonic() + GATE_BOUND
+        while not client.get(f"open:{name}") and time.monotonic() < deadline:
+            time.sleep(0.05)
     client.decr(f"inside:{name}")
     return value
 
 
 def _task(**options: Any) -> Any:
-    return app.task(base=LockedTask, shared=False, lock_keys=["name"], **options)
+    options.setdefault("lock_keys", ["name"])
+    return app.task(base=LockedTask, shared=False, **options)
 
 
 @_task(name="acl.skip")
@@ -96,6 +112,22 @@ def release_start(name: str, seconds: float, value: int) -> int:
     return record(name, seconds, value)
 
 
+@_task(name="acl.lost", lock_on_lost="raise", lock_timeout=1.0)
+def lost(name: str, seconds: float, value: int) -> int:
+    """Records the run, then checks every 50 ms for ``seconds`` that it still holds its
+    lease: ``LockLost`` (raised here or by the worker) once the lease is gone."""
+    from celery_singleton_lock import current_lock  # noqa: PLC0415
+
+    record(name, 0, value)
+    lock = current_lock()
+    assert lock is not None
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        lock.ensure_held()
+        time.sleep(0.05)
+    return value
+
+
 if SCRIPTING:  # the modes below are Lua scripts: a plain-command worker refuses them
 
     @_task(name="acl.coalesce", lock_scope="queue", lock_on_conflict="coalesce")
@@ -110,7 +142,7 @@ if SCRIPTING:  # the modes below are Lua scripts: a plain-command worker refuses
     def slots(name: str, seconds: float, value: int) -> int:
         return record(name, seconds, value)
 
-    @_task(name="acl.debounce", lock_debounce=0.3)
+    @_task(name="acl.debounce", lock_debounce=5)
     def debounce(name: str, seconds: float, value: int) -> int:
         return record(name, seconds, value)
 
@@ -120,4 +152,20 @@ if SCRIPTING:  # the modes below are Lua scripts: a plain-command worker refuses
 
     @_task(name="acl.success", lock_release="success", lock_hold=30)
     def success(name: str, seconds: float, value: int) -> int:
+        return record(name, seconds, value)
+
+    @_task(name="acl.park", lock_on_conflict="park")
+    def park(name: str, seconds: float, value: int) -> int:
+        return record(name, seconds, value)
+
+    @_task(name="acl.ordered", lock_on_conflict="park", lock_order="enqueue")
+    def ordered(name: str, seconds: float, value: int) -> int:
+        return record(name, seconds, value)
+
+    @_task(
+        name="acl.stacked", lock_keys=["name", "value"], lock_limits=[("acl:{name}", 2)],
+        lock_weight=1, lock_on_conflict="wait",
+    )  # fmt: skip
+    def stacked(name: str, seconds: float, value: int) -> int:
+        """Each value its own key; at most 2 runs of one ``name`` at once (a stacked limit)."""
         return record(name, seconds, value)

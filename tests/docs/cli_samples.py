@@ -77,7 +77,12 @@ def _quoted(arg: str) -> str:
     return arg if re.fullmatch(r"[\w./:=-]+", arg) else f"'{arg}'"
 
 
-def _wait_until(check: Callable[[], bool], what: str, timeout: float = 10.0) -> None:
+#: How long the sample's waiters wait at most: they are let in by the end of the sample,
+#: and the bound only matters when the sample fails.
+WAIT_BOUND = 900.0
+
+
+def _wait_until(check: Callable[[], bool], what: str, timeout: float = 60.0) -> None:
     deadline = time.monotonic() + timeout
     while not check():
         if time.monotonic() > deadline:
@@ -117,7 +122,9 @@ def _produce(server: RedisServer, client: redis.Redis) -> dict[str, str]:
     export = shopproj.export.lock_key(42, "q3")
     _hold(client, buy, BUY_HOLDER, "shop.buy", "worker-1/4242")
     waiter = RedisLock(client, buy, timeout=30.0, holder_info=_info(BUY_WAITER, "worker-2/5151"))
-    waiting = threading.Thread(target=waiter.acquire, kwargs={"timeout": 60}, daemon=True)
+    # It waits until the key is deleted below, after every command has run: its bound must
+    # outlast all of them, however slow the machine (each starts a Python process).
+    waiting = threading.Thread(target=waiter.acquire, kwargs={"timeout": WAIT_BOUND}, daemon=True)
     waiting.start()
     _wait_until(lambda: client.zcard(companion_key(buy, "queue")) == 1, "the waiter queued")
     _publish(
@@ -148,11 +155,11 @@ def _produce(server: RedisServer, client: redis.Redis) -> dict[str, str]:
     later = _queue_behind(client, buy)
     samples["EXPLAIN"] = [_run(server, "explain", "shop.buy", '"sku-42"', "7")]
     client.delete(buy)  # the waiter takes it and gives up waiting
-    waiting.join(timeout=10)
+    waiting.join(timeout=60)
     with contextlib.suppress(LockNotOwned):
         waiter.release()  # the purchases queued behind it take their turns
     for thread in later:
-        thread.join(timeout=10)
+        thread.join(timeout=60)
     texts = {name: transcript(runs) for name, runs in samples.items()}
     fences = _fence_numbers(texts.values())
     shown = {name: normalize(text, fences) for name, text in texts.items()}
@@ -171,7 +178,7 @@ def _queue_behind(client: redis.Redis, key: str) -> list[threading.Thread]:
     each taking its turn (and giving it back) when it comes."""
 
     def take_turn(lock: RedisLock) -> None:
-        if lock.acquire(timeout=60):
+        if lock.acquire(timeout=WAIT_BOUND):
             lock.release()
 
     def queued(count: int) -> Callable[[], bool]:

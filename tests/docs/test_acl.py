@@ -2,10 +2,12 @@
 
 The test creates exactly the user the page shows (its ``redis-cli ACL SETUSER`` line, run as
 is) on a redis-server of its own, points a real ``celery worker``'s locks at it, and runs
-every conflict policy and mode through it, then ``celery locks list``, ``check``, ``clear``
-and ``reap``, and ``skip_info``: everything must work, and the server must deny nothing.
-The page itself is what ``scripts/gen_docs.py`` generates from the code (see
-``test_generated.py``).
+every conflict policy and mode through it (park, in arrival and in call order, stacked
+limits and a run whose lease is lost included), then ``celery locks list``, ``check``,
+``clear``, ``reap``, ``explain`` and ``limit``, and ``skip_info``: everything must work,
+and the server must deny nothing. The page itself is what ``scripts/gen_docs.py``
+generates from the code (see ``test_generated.py``). A run the test must find inside its
+body is held there until the test opens its gate (``aclproj.record``), never by a sleep.
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ import pytest
 import redis
 from celery._state import _set_current_app, get_current_app
 
-from celery_singleton_lock import TaskLocked, skip_info
+from celery_singleton_lock import LockLost, TaskLocked, skip_info
 from celery_singleton_lock.config import clear_settings
 from celery_singleton_lock.testing import CeleryWorker, RedisServer
 
@@ -66,7 +68,7 @@ def denials(admin: redis.Redis, *expected: str) -> list[Any]:
     return [entry for entry in admin.acl_log(count=100) if entry.get("object") not in ignored]
 
 
-def wait_for(check: Callable[[], Any], timeout: float = 20.0) -> Any:
+def wait_for(check: Callable[[], Any], timeout: float = 60.0) -> Any:
     deadline = time.monotonic() + timeout
     while not (found := check()):
         if time.monotonic() > deadline:
@@ -107,6 +109,10 @@ class Rig:
     def started(self, name: str, count: int = 1) -> None:
         wait_for(lambda: self.data.llen(f"runs:{name}") >= count)
 
+    def open(self, name: str) -> None:
+        """Let the gated runs of ``name`` end."""
+        self.data.set(f"open:{name}", 1)
+
     def runs(self, name: str) -> list[int]:
         return [int(value) for value in self.data.lrange(f"runs:{name}", 0, -1)]
 
@@ -140,11 +146,13 @@ def rig(
 
 
 def exercise_the_policies(rig: Rig, proj: ModuleType) -> None:
-    """skip (with skip_info), wait, retry, raise, queue scope and lock_release="start"."""
-    first = proj.skip.delay("skip", 1.0, 1)
+    """skip (with skip_info), wait, retry, raise, queue scope, lock_release="start", and
+    lock_on_lost="raise" (a run whose key an operator deleted ends with LockLost)."""
+    first = proj.skip.delay("skip", -1, 1)  # held until the gate opens
     rig.started("skip")
     duplicate = proj.skip.delay("skip", 0, 2)
     assert duplicate.get(timeout=20) is None
+    rig.open("skip")
     assert first.get(timeout=20) == 1
     found = skip_info(duplicate, app=proj.app)
     assert found is not None
@@ -155,11 +163,12 @@ def exercise_the_policies(rig: Rig, proj: ModuleType) -> None:
         assert sorted(result.get(timeout=30) for result in results) == [1, 2, 3]
         assert int(rig.data.get(f"peak:{name}") or 0) == 1
 
-    held = proj.raise_.delay("raise", 1.0, 1)
+    held = proj.raise_.delay("raise", -1, 1)
     rig.started("raise")
     refused = proj.raise_.delay("raise", 0, 2)
     with pytest.raises(TaskLocked):
         refused.get(timeout=20)
+    rig.open("raise")
     assert held.get(timeout=20) == 1
 
     queued = proj.queued.delay("queued", 1.0, 1)
@@ -172,13 +181,23 @@ def exercise_the_policies(rig: Rig, proj: ModuleType) -> None:
     assert later.id != early.id
     assert sorted([early.get(timeout=20), later.get(timeout=20)]) == [1, 2]
 
+    renewed = proj.lost.delay("renewed", 2.5, 1)  # a 1 s lease renewed through the user
+    assert renewed.get(timeout=30) == 1
+    doomed = proj.lost.delay("doomed", 60, 1)
+    rig.started("doomed")
+    rig.admin.delete(proj.lost.lock_key("doomed", 60, 1))  # the lease is gone
+    with pytest.raises(LockLost):
+        doomed.get(timeout=60)
+
 
 def exercise_the_modes(rig: Rig, proj: ModuleType) -> None:
-    """coalesce, replace, slots, debounce, throttle and a success hold."""
-    holder = proj.coalesce.delay("coalesce", 1.0, 1)
+    """coalesce, replace, slots, debounce, throttle, a success hold, park, park in the
+    order of the calls (lock_order="enqueue") and a stacked limit."""
+    holder = proj.coalesce.delay("coalesce", -1, 1)
     rig.started("coalesce")
     second, third = (proj.coalesce.delay("coalesce", 0, value) for value in (2, 3))
     assert second.id == third.id != holder.id
+    rig.open("coalesce")
     assert third.get(timeout=30) == 3
     assert rig.runs("coalesce") == [1, 3]
 
@@ -194,8 +213,8 @@ def exercise_the_modes(rig: Rig, proj: ModuleType) -> None:
     assert int(rig.data.get("peak:slots") or 0) <= 2
 
     burst = [proj.debounce.delay("debounce", 0, value) for value in (1, 2, 3)]
-    assert len({result.id for result in burst}) == 1
-    assert burst[0].get(timeout=30) == 3
+    assert len({result.id for result in burst}) == 1  # within the 5 s quiet time
+    assert burst[0].get(timeout=60) == 3
     assert rig.runs("debounce") == [3]
 
     assert proj.throttle.delay("throttle", 0, 1).get(timeout=20) == 1
@@ -213,10 +232,48 @@ def exercise_the_modes(rig: Rig, proj: ModuleType) -> None:
     assert found is not None
     assert found.holder_task_id == succeeded.id
 
+    holder = proj.park.delay("park", -1, 1)
+    rig.started("park")
+    parked = [proj.park.delay("park", 0, value) for value in (2, 3)]
+    assert wait_for(lambda: {result.state for result in parked} == {"PARKED"}, timeout=60)
+    rig.open("park")
+    assert holder.get(timeout=20) == 1
+    assert sorted(result.get(timeout=30) for result in parked) == [2, 3]
+    assert int(rig.data.get("peak:park") or 0) == 1
+
+    in_order = [proj.ordered.delay("ordered", 0.3, value) for value in (1, 2, 3, 4)]
+    assert [result.get(timeout=30) for result in in_order] == [1, 2, 3, 4]
+    assert rig.runs("ordered") == [1, 2, 3, 4]
+
+    shares = [proj.stacked.delay("stacked", -1, value) for value in (1, 2, 3)]
+    rig.started("stacked", 2)  # two runs hold the limit's 2, the third is held back
+    assert proj.stacked.lock_explain("stacked", -1, 9).state == "limited"
+    rig.open("stacked")
+    assert sorted(result.get(timeout=30) for result in shares) == [1, 2, 3]
+    assert int(rig.data.get("peak:stacked") or 0) == 2  # distinct keys, two at a time
+
+
+def exercise_the_limits_cli(rig: Rig, proj: ModuleType) -> None:
+    """``locks limit set``, ``list`` and ``unset`` and ``locks explain`` of a held key."""
+    listed = rig.cli("limit", "set", "acl:stacked", "3")
+    assert listed.returncode == 0, listed.stdout + listed.stderr
+    listed = rig.cli("limit", "list")
+    assert listed.returncode == 0, listed.stdout + listed.stderr
+    assert re.search(r"^acl:stacked +2 +3 +3", listed.stdout, re.M), listed.stdout
+    unset = rig.cli("limit", "unset", "acl:stacked")
+    assert unset.returncode == 0, unset.stdout + unset.stderr
+    running = proj.skip.delay("explained", -1, 1)
+    rig.started("explained")
+    explained = rig.cli("explain", "acl.skip", '"explained"', "0", "1")
+    assert explained.returncode == 0, explained.stdout + explained.stderr
+    assert running.id in explained.stdout
+    rig.open("explained")
+    assert running.get(timeout=20) == 1
+
 
 def exercise_the_cli(rig: Rig, proj: ModuleType) -> None:
     """``locks list`` shows a running holder; ``check``, ``reap`` and ``clear`` succeed."""
-    running = proj.skip.delay("listed", 3.0, 1)
+    running = proj.skip.delay("listed", -1, 1)
     rig.started("listed")
     listed = rig.cli("list")
     assert listed.returncode == 0, listed.stdout + listed.stderr
@@ -233,6 +290,7 @@ def exercise_the_cli(rig: Rig, proj: ModuleType) -> None:
     assert reaped.returncode == 0, reaped.stdout + reaped.stderr
     cleared = rig.cli("clear", "--all", "--yes")
     assert cleared.returncode == 0, cleared.stdout + cleared.stderr
+    rig.open("listed")
     assert running.get(timeout=20) == 1
 
 
@@ -242,6 +300,7 @@ def test_the_documented_user_runs_every_mode(rig: tuple[Rig, ModuleType]) -> Non
     exercise_the_policies(setup, proj)
     exercise_the_modes(setup, proj)
     exercise_the_cli(setup, proj)
+    exercise_the_limits_cli(setup, proj)
     assert denials(setup.admin) == [], setup.worker.tail()
 
 

@@ -1,16 +1,16 @@
 """The Grafana dashboard of ``examples/grafana`` queries only metrics that
-``celery_singleton_lock.metrics`` registers, with their labels, and charts every one of them.
+``celery_singleton_lock.metrics`` exposes, with their labels, and charts every one of them
+(the stacked limits' gauges, read from the lock Redis at each scrape, included).
 
 Each PromQL expression of the dashboard (its panels' queries and its variables'
 ``label_values``) is read into the series it selects: a metric name with its label matchers,
-and the labels it groups by. Those are compared with the families :class:`LockMetrics`
-registers, as Prometheus exposes them (a counter ``x`` as ``x_total``; a histogram ``x`` as
+and the labels it groups by. Those are compared with every series ``metrics.exposed()``
+lists, as Prometheus exposes them (a counter ``x`` as ``x_total``; a histogram ``x`` as
 ``x_bucket`` with ``le``, ``x_sum`` and ``x_count``).
 """
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import re
 from collections.abc import Iterator
@@ -19,9 +19,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from prometheus_client import CollectorRegistry
 
-from celery_singleton_lock.metrics import PREFIX, LockMetrics
+from celery_singleton_lock import metrics
+from celery_singleton_lock.metrics import PREFIX
 
 ROOT = Path(__file__).resolve().parents[2]
 DASHBOARDS = sorted((ROOT / "examples" / "grafana" / "dashboards").glob("*.json"))
@@ -145,22 +145,12 @@ class Exposed:
 
 
 def exposed() -> dict[str, Exposed]:
-    """Every series name ``celery_singleton_lock.metrics`` exposes, from its families."""
-    metrics = LockMetrics.create(CollectorRegistry())
-    names: dict[str, Exposed] = {}
-    for row in dataclasses.fields(metrics):
-        metric = getattr(metrics, row.name)
-        (family,) = metric.describe()
-        labels = frozenset(metric._labelnames)
-        if family.type == "counter":
-            names[f"{family.name}_total"] = Exposed(family.name, labels)
-        elif family.type == "histogram":
-            names[f"{family.name}_bucket"] = Exposed(family.name, labels | {"le"})
-            names[f"{family.name}_sum"] = Exposed(family.name, labels)
-            names[f"{family.name}_count"] = Exposed(family.name, labels)
-        else:
-            names[family.name] = Exposed(family.name, labels)
-    return names
+    """Every series name ``celery_singleton_lock.metrics`` exposes (``metrics.exposed``):
+    the families :class:`LockMetrics` registers and the limit gauges read at each scrape."""
+    return {
+        series.name: Exposed(series.family, frozenset(series.labels))
+        for series in metrics.exposed()
+    }
 
 
 # -- what the dashboard asks -----------------------------------------------------------------
@@ -265,8 +255,9 @@ def test_every_metric_the_dashboard_queries_exists(path: Path) -> None:
 
 @pytest.mark.parametrize("path", DASHBOARDS, ids=lambda path: path.name)
 def test_the_dashboard_charts_every_metric(path: Path) -> None:
-    """Each metric family the package registers is charted by some panel: a metric added
-    to ``celery_singleton_lock.metrics`` needs a panel too."""
+    """Each metric family the package exposes is charted by some panel: a metric added
+    to ``celery_singleton_lock.metrics`` (a counter, a histogram or a gauge read at each
+    scrape) needs a panel too."""
     names = exposed()
     charted = {
         names[selector.metric].family

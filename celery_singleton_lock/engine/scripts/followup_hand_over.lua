@@ -12,9 +12,10 @@
 -- done set <base>${K_DONE}, where the run's task id is recorded as finished
 -- ARGV[1] owner token of the run that ends ('' for none), ARGV[2] the follow-up's queue
 -- lease (ms), ARGV[3] how long the handed call is kept (ms), ARGV[4] the fencing token of
--- the hold that ends (a retry is recognised by owner and fencing token), ARGV[5] the task
--- id to record in KEYS[5], ARGV[6] how long it is kept (ms), ARGV[7] (optional) '1': the
--- lock has stacked limits: the ending run's shares are given back (lib/stack.lua)
+-- the hold that ends (a retry is recognised by owner and fencing token), ARGV[5], ARGV[6]
+-- (with KEYS[5]; '' and 0 without it when ARGV[7] follows) the task id to record in KEYS[5]
+-- and how long it is kept (ms), ARGV[7] (optional) '1': the lock has stacked limits: the
+-- ending run's shares are given back (lib/stack.lua)
 -- returns {0, pending}: not owned and nothing left behind to hand over (pending: 1 while a
 --            follow-up waits for a holder that still holds the key)
 --         {1, task id, arguments, content type, encoding, options}: the lock now belongs to

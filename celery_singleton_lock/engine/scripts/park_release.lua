@@ -9,7 +9,6 @@
 -- ARGV[6] the task id of the run that ends when the key's calls run in order
 -- (lock_order="enqueue": it leaves the line, in the same step), else '', ARGV[7] (optional)
 -- '1': the lock has stacked limits: the ending run's shares are given back (lib/stack.lua)
-
 -- returns {0}: not owned (nothing done)
 --         {1, task id, payload}: the key now holds the first parked call's grant: publish it
 --         {2, RELEASE's reply}: nobody parked: released
