@@ -608,7 +608,7 @@ def held_sweep(
     ``restart_ms`` ago that did not start, and those due whose stack fits now (with room
     for the waiters ahead of them), are handed out (their places kept ``travel_ms``); the
     others keep their places ``place_ms``. At most ``most`` of each; only calls of
-    ``tasks`` (their task names; empty: all)."""
+    ``tasks`` (their task names, none with a newline; empty: all)."""
     reply = call(
         base,
         _HELD_SWEEP,
@@ -619,7 +619,7 @@ def held_sweep(
         place_ms,
         travel_ms,
         most,
-        *tasks,
+        "\n".join(tasks),
     )
     due = int(reply[1])
     calls = [

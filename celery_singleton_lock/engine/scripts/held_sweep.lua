@@ -8,8 +8,9 @@
 -- KEYS[1] <sb>${S_HELD}, KEYS[2] <sb>${S_HELD_CALLS}, KEYS[3] <sb>${S_HELD_OUT}
 -- ARGV[1] how long a handed-out call may take to start (ms), ARGV[2] how long the places of
 -- a call that still does not fit are kept (ms), ARGV[3] how long those of a call handed out
--- are kept (ms), ARGV[4] the most calls looked at, ARGV[5...] the task names the sweeping
--- worker can publish (none: every one); the calls of other tasks are left to their workers
+-- are kept (ms), ARGV[4] the most calls looked at, ARGV[5] the task names the sweeping
+-- worker can publish, one a line ('': every one); the calls of other tasks are left to
+-- their workers
 -- returns {active, ms until the next call is due (-1: none), task id, lock key, call, ...}:
 --         active 1 while calls are held or handed out; then the calls to publish
 --@include clock
@@ -17,9 +18,9 @@
 local now, now_us = clock()
 local most = tonumber(ARGV[4])
 local known = nil
-if #ARGV > 4 then
+if ARGV[5] ~= '' then
   known = {}
-  for i = 5, #ARGV do known[ARGV[i]] = true end
+  for name in string.gmatch(ARGV[5], '[^\n]+') do known[name] = true end
 end
 local out = {0, -1}
 local function mine(call)
