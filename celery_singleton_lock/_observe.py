@@ -124,10 +124,12 @@ task. Keyword arguments: ``key``, ``task_id`` (the burst's), ``generation``."""
 
 lock_parked = Signal(name="lock_parked")
 """A run (or, in queue scope, a call) found its key held and was parked
-(``lock_on_conflict="park"``): its message waits in the key's park queue, its result state
-is ``PARKED``. Sent where it parked (the worker, or the producer in queue scope). Sender:
-the task. Keyword arguments: ``key``, ``task_id``, ``position`` (1 is next; 0 for a run
-parked until its ``lock_rate_limit`` window frees), ``scope``."""
+(``lock_on_conflict="park"``): its message waits in the key's park queue (a run held back
+by its stacked limits or its rate: among the held calls, until they have room or its window
+opens), its result state is ``PARKED``. Sent where it parked (the worker, or the producer
+in queue scope). Sender: the task. Keyword arguments: ``key``, ``task_id``, ``position``
+(1 is next; 0 for a run held back by its ``lock_limits`` or parked until its
+``lock_rate_limit`` window frees), ``scope``."""
 
 lock_unparked = Signal(name="lock_unparked")
 """A parked call that was handed its key starts its run. Sent in the worker. Sender: the

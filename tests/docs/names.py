@@ -236,7 +236,8 @@ class Known:
     def stack_suffixes(self) -> set[str]:
         from celery_singleton_lock.engine import stack  # noqa: PLC0415
 
-        return {stack.LIMITS, stack.LIMIT_PREFIX, stack.LINE_PREFIX, stack.WAKE_PREFIX}
+        prefixes = {stack.LIMIT_PREFIX, stack.LINE_PREFIX, stack.WAKE_PREFIX}
+        return {*stack.STACK_SUFFIXES.values(), *prefixes}
 
     @cached_property
     def celery_settings(self) -> set[str]:

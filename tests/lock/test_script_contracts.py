@@ -195,6 +195,23 @@ def drive_every_wrapper(client: redis.Redis, url: str) -> None:
     atomic.park_release(stacked, 5000)
     atomic.index_drop(client, f"{{{tag}}}~parking", "task\nkey", before=0)
 
+    # Calls held back until they fit (a limit full, then a window).
+    full = [RedisLock(client, f"{prefix}:job{i}:{{{prefix}:stack}}", timeout=5, stack=stack)
+            for i in range(4)]  # fmt: skip
+    assert all(lock.acquire(blocking=False) for lock in full)
+    base = stack_base(prefix)
+    assert atomic.held_park(client, base, "task-15", key=stacked_name, payload=b"t\ncall",
+                            keep_ms=60_000, stack=stack, place="q-task-15",
+                            place_ms=5000) == "global"  # fmt: skip
+    assert atomic.held_park(client, base, "task-16", key=name, payload=b"t\ncall",
+                            keep_ms=60_000, due_ms=60_000) == ""  # fmt: skip
+    for lock in full:
+        lock.release()
+    for tasks in ((), ("t", "u")):
+        atomic.held_sweep(client, base, restart_ms=60_000, place_ms=5000, travel_ms=5000,
+                          most=10, tasks=tasks)  # fmt: skip
+    assert atomic.held_started(client, base, "task-15")
+
     # The asyncio lock builds its calls with the same code; its calls are checked too.
     async def aio() -> None:
         async_client = redis.asyncio.Redis.from_url(url)
