@@ -10,6 +10,8 @@ standard library.
 from __future__ import annotations
 
 __all__ = [
+    "BEAT_REPLICAS",
+    "BEAT_SLOTS",
     "BURST",
     "DEBOUNCE",
     "DONE",
@@ -88,6 +90,11 @@ GRANTED = "granted"
 ORDER = "order"
 ORDER_DUE = "orderdue"
 SEQ = "seq"
+#: Beside a beat group's leader lease (``celery_singleton_lock.beat``): a hash, entry name ->
+#: the last slot of that schedule entry taken (sent, being sent, or skipped by catch-up),
+#: and the replicas of the group seen lately, a hash of replica id -> its heartbeat.
+BEAT_SLOTS = "beat:slots"
+BEAT_REPLICAS = "beat:replicas"
 
 #: Every suffix, by the name the Lua scripts know it under (``K_<NAME>``).
 SUFFIXES = {
@@ -114,6 +121,8 @@ SUFFIXES = {
     "ORDER": ORDER,
     "ORDER_DUE": ORDER_DUE,
     "SEQ": SEQ,
+    "BEAT_SLOTS": BEAT_SLOTS,
+    "BEAT_REPLICAS": BEAT_REPLICAS,
 }
 
 
