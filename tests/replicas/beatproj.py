@@ -58,6 +58,23 @@ class CountingScheduler(PersistentScheduler):
         return f"    . counting scheduler ({self.reserved} reserved)"
 
 
+class ChangingScheduler(CountingScheduler):
+    """A user's scheduler whose schedule changes at run time, as django-celery-beat's does
+    when its table changes: the period of entry ``fast`` is read, at each access, from the
+    ledger's key ``beatproj:fast-every`` (seconds) when it is set."""
+
+    def get_schedule(self) -> Any:
+        entries = PersistentScheduler.get_schedule(self)
+        every = ledger().get("beatproj:fast-every")
+        if every is not None and "fast" in entries:
+            wanted = schedule(float(every))
+            if entries["fast"].schedule != wanted:
+                entries["fast"].schedule = wanted
+        return entries
+
+    schedule = property(get_schedule, PersistentScheduler.set_schedule)  # type: ignore[assignment]
+
+
 SCHEDULE: dict[str, dict[str, Any]] = {
     "fast": {"task": "beatproj.record", "schedule": 1.0, "args": ("fast",)},
     "slow": {"task": "beatproj.record", "schedule": schedule(5.0), "args": ("slow",)},
@@ -75,6 +92,8 @@ app.conf.update(
     singleton_beat_catch_up=CATCH_UP,
     beat_schedule={name: SCHEDULE[name] for name in ENTRIES if name},
 )
+# Anything else, as JSON (the start-refusal tests set bad values here).
+app.conf.update(json.loads(os.environ.get("CSL_BEAT_CONF", "{}")))
 if os.environ.get("CSL_BEAT_SCHEDULER"):
     app.conf.singleton_beat_scheduler = os.environ["CSL_BEAT_SCHEDULER"]
 if REDBEAT:

@@ -17,6 +17,7 @@ replica).
 from __future__ import annotations
 
 import contextlib
+import itertools
 import json
 import os
 import signal
@@ -361,8 +362,9 @@ def analyse(rig: Rig, sends: list[Send]) -> dict[str, Any]:
                         examples.append(f"duplicate {entry} slot {send.slot} by {send.sender}")
                 seen[send.slot] = send
             ordered = sorted(seen.values(), key=lambda send: send.slot or 0)
-            for before, after in zip(ordered, ordered[1:], strict=False):
-                assert before.slot is not None and after.slot is not None
+            for before, after in itertools.pairwise(ordered):
+                assert before.slot is not None
+                assert after.slot is not None
                 if after.sent_at > window_end:
                     break
                 gap = round((after.slot - before.slot) / period_ms) - 1
@@ -377,7 +379,7 @@ def analyse(rig: Rig, sends: list[Send]) -> dict[str, Any]:
                     examples.append(f"lost {gap} slot(s) of {entry} before {after.slot}")
         else:
             ordered = sorted(runs, key=lambda send: send.published)
-            for before, after in zip(ordered, ordered[1:], strict=False):
+            for before, after in itertools.pairwise(ordered):
                 if after.published > window_end:
                     break
                 gap_periods = (after.published - before.published) / (period_ms / 1000)

@@ -173,7 +173,8 @@ def _register() -> Mapping[str, Script]:
 
 #: Every script of the engine, by name (the ``.lua`` file's name): acquire, acquire_slots,
 #: release, extend, throttle, hold, followup_call, followup_hand_over, followup_replace,
-#: debounce_join, debounce_run, the park and order scripts, stack_line.
+#: debounce_join, debounce_run, the park and order scripts, stack_line, and the beat
+#: group's beat_claim, beat_settle and beat_presence.
 SCRIPTS: Mapping[str, Script] = _register()
 
 
