@@ -1,0 +1,72 @@
+"""``celery locks beat [--json]`` against two real ``LeaderScheduler`` replicas: the leader
+(replica, host/pid, since, lease left, fencing token), the replicas seen with their roles,
+and the last slot taken per entry."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from celery_singleton_lock.testing import CeleryBeat, RedisServer
+from tests.replicas.harness import APP, ROOT
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(180)]
+
+
+def locks_beat(env: dict[str, str], *extra: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "celery", "-A", APP, "locks", "beat", *extra],
+        env=env, cwd=ROOT, capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+
+
+def test_locks_beat_shows_the_leader_the_replicas_and_the_slots(tmp_path: Path) -> None:
+    """With two replicas running, one is the leader (its pid is a replica's, its lease is
+    at most the lease), the other stands by, and entry ``fast`` has a slot sent."""
+    with RedisServer() as broker, RedisServer() as lock:
+        env = {
+            **os.environ,
+            "CSL_BEAT_BROKER": broker.url,
+            "CSL_BEAT_LOCK": lock.url,
+            "CSL_BEAT_LEASE": "2",
+            "CSL_BEAT_ENTRIES": "fast",
+            "PYTHONPATH": str(ROOT),
+        }
+        first = CeleryBeat(APP, extra_args=["-S", "celery_singleton_lock.beat:LeaderScheduler"],
+                           env=env, cwd=ROOT, schedule=tmp_path / "a", name="a")  # fmt: skip
+        second = CeleryBeat(APP, extra_args=["-S", "celery_singleton_lock.beat:LeaderScheduler"],
+                            env=env, cwd=ROOT, schedule=tmp_path / "b", name="b")  # fmt: skip
+        with first, second:
+            pids = {first.pid, second.pid}
+            deadline = time.monotonic() + 60
+            state: dict[str, Any] = {}
+            while time.monotonic() < deadline:
+                done = locks_beat(env, "--json")
+                assert done.returncode == 0, done.stderr
+                state = json.loads(done.stdout)
+                roles = sorted(r["role"] for r in state["replicas"])
+                sent = state["slots"].get("fast", {}).get("state") == "sent"
+                if state["leader"] and roles == ["leader", "standby"] and sent:
+                    break
+                time.sleep(0.2)
+            text = locks_beat(env)
+    leader = state["leader"]
+    assert leader is not None, state
+    assert leader["pid"] in pids
+    assert 0 < leader["lease_left"] <= 2.0
+    assert isinstance(leader["fencing_token"], int)
+    assert leader["since"] is not None
+    assert sorted(r["pid"] for r in state["replicas"]) == sorted(pids)
+    assert state["key"] == "csl:beat:{beatproj}"
+    assert text.returncode == 0, text.stderr
+    assert "Beat group 'beatproj'" in text.stdout
+    assert f"/{leader['pid']}, since" in text.stdout
+    assert "fast" in text.stdout
+    assert "sent" in text.stdout
