@@ -104,6 +104,17 @@ if REDBEAT:
         beat_max_loop_interval=max(1, int(LEASE) // 3),
     )
 
+if os.environ.get("CSL_BEAT_METRICS_PORT"):
+    from celery_singleton_lock import metrics
+
+    metrics.enable()
+
+    @signals.beat_init.connect
+    def _serve_metrics(**_: Any) -> None:
+        """Serve the beat counters from the beat process (as docs/beat.md shows)."""
+        metrics.serve(int(os.environ["CSL_BEAT_METRICS_PORT"]), addr="127.0.0.1")
+
+
 _ledger: redis.Redis | None = None
 
 

@@ -9,12 +9,13 @@ import os
 import subprocess
 import sys
 import time
+import urllib.request
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from celery_singleton_lock.testing import CeleryBeat, RedisServer
+from celery_singleton_lock.testing import CeleryBeat, RedisServer, free_port
 from tests.replicas.harness import APP, ROOT
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(180)]
@@ -70,3 +71,45 @@ def test_locks_beat_shows_the_leader_the_replicas_and_the_slots(tmp_path: Path) 
     assert f"/{leader['pid']}, since" in text.stdout
     assert "fast" in text.stdout
     assert "sent" in text.stdout
+
+
+def scrape(port: int) -> dict[str, float]:
+    """The samples of ``/metrics`` whose name starts with the beat counters' prefix."""
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as page:
+        text = page.read().decode()
+    found = {}
+    for line in text.splitlines():
+        if line.startswith("celery_singleton_lock_beat_"):
+            name, _, value = line.rpartition(" ")
+            found[name] = float(value)
+    return found
+
+
+def test_beat_counters_are_served_from_the_beat_process(tmp_path: Path) -> None:
+    """A replica that enables the metrics counts its election and every slot it sends."""
+    port = free_port()
+    with RedisServer() as broker, RedisServer() as lock:
+        env = {
+            **os.environ,
+            "CSL_BEAT_BROKER": broker.url,
+            "CSL_BEAT_LOCK": lock.url,
+            "CSL_BEAT_LEASE": "2",
+            "CSL_BEAT_ENTRIES": "fast",
+            "CSL_BEAT_METRICS_PORT": str(port),
+            "PYTHONPATH": str(ROOT),
+        }
+        beat = CeleryBeat(APP, extra_args=["-S", "celery_singleton_lock.beat:LeaderScheduler"],
+                          env=env, cwd=ROOT, schedule=tmp_path / "m", name="m")  # fmt: skip
+        with beat:
+            deadline = time.monotonic() + 60
+            found: dict[str, float] = {}
+            while time.monotonic() < deadline:
+                try:
+                    found = scrape(port)
+                except OSError:
+                    found = {}
+                if found.get('celery_singleton_lock_beat_slots_total{outcome="sent"}', 0) >= 2:
+                    break
+                time.sleep(0.2)
+    assert found.get("celery_singleton_lock_beat_elected_total") == 1.0, found
+    assert found.get('celery_singleton_lock_beat_slots_total{outcome="sent"}', 0) >= 2, found
