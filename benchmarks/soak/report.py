@@ -21,6 +21,7 @@ FAULT_NAMES = {
     "net_stall": "worker–Redis connections stalled past the lease (proxy)",
     "net_cut": "worker–Redis connections cut (proxy)",
     "clock_skew": "worker restarted with its wall clock far off",
+    "beat_kill": "SIGKILL of the leading beat replica (restarted)",
 }
 
 
@@ -61,7 +62,8 @@ def headline(report: Mapping[str, Any]) -> str:
     per_kind = ", ".join(f"{count} {kind}" for kind, count in faults.items())
     rows = [
         ("soak", f"{_number(config['minutes'])} min, {config['workers']} workers × 2 "
-                 f"processes (prefork, `acks_late`) + beat, lease {config['lease']:g} s"),
+                 f"processes (prefork, `acks_late`) + 3 beat replicas, "
+                 f"lease {config['lease']:g} s"),
         ("tasks sent / completed / skipped by policy",
          f"{_number(figures['tasks_sent'])} / {_number(figures['tasks_completed'])} / "
          f"{_number(figures['tasks_skipped_by_policy'])}"),
@@ -81,6 +83,13 @@ def headline(report: Mapping[str, Any]) -> str:
          _seconds(figures["recovery_wait_policy"])),
         ("lock Redis commands per task", _number(figures["lock_commands_per_task"])),
     ]  # fmt: skip
+    beat = figures.get("beat")
+    if beat:
+        rows.append((
+            "beat (3 replicas): slots sent / sent twice while Redis kept its data / leader kills",
+            f"{_number(beat['slots_sent'])} / {_number(beat['slots_sent_twice_data_kept'])} / "
+            f"{_number(beat['leader_kills'])} (failover {_seconds(beat['failover'])})",
+        ))  # fmt: skip
     modes = figures.get("modes")
     if modes:
         rows.append((

@@ -1,7 +1,8 @@
 """Run the chaos soak: ``python -m benchmarks.soak [--minutes N] [--json PATH] [--markdown PATH]``.
 
-Three real ``celery worker`` processes (prefork, concurrency 2, ``acks_late``), a real
-``celery beat`` with a locked periodic job, and private ``redis-server`` processes for the
+Three real ``celery worker`` processes (prefork, concurrency 2, ``acks_late``), three
+``celery beat`` replicas (``LeaderScheduler``: one leads, its leader is SIGKILLed among the
+faults) with a locked periodic job, and private ``redis-server`` processes for the
 locks, the broker and the ledger. For ``--minutes`` a producer keeps a steady stream of
 locked tasks over a few keys (run scope waiting or retrying, queue scope), and a second
 one calls every mode (:mod:`benchmarks.soak.modes`: coalesce, replace, debounce,
@@ -40,7 +41,7 @@ from typing import Any
 
 import redis
 
-from benchmarks.soak.analysis import Fault, analyse
+from benchmarks.soak.analysis import Fault, analyse, beat_figures
 from benchmarks.soak.modes import ModesProducer, judge, summary
 from benchmarks.soak.report import markdown
 from benchmarks.soak.rig import FAULTS, Rig, SoakWorker, results_url
@@ -239,6 +240,8 @@ def run_soak(config: SoakConfig, command: str = "") -> dict[str, Any]:
         drained = time.monotonic()
         lock_commands = rig.count_lock_commands()
         snapshot = rig.ledger.snapshot()
+        beat_sends = [json.loads(line) for line in rig.ledger.client.lrange(app.BEAT_SENT, 0, -1)]
+        elections = [json.loads(line) for line in rig.ledger.client.lrange(app.BEAT_ELECTED, 0, -1)]
         modes.close()
         with redis.Redis(port=broker.port, socket_timeout=10) as client:
             left = broker_leftovers(client, app.app.conf.task_default_queue)
@@ -253,6 +256,7 @@ def run_soak(config: SoakConfig, command: str = "") -> dict[str, Any]:
     results = analyse(
         snapshot, faults, lease=config.lease, lock_commands=lock_commands,
         modes=summary(verdict),
+        beat=beat_figures(beat_sends, elections, faults, lease=config.lease),
     )  # fmt: skip
     report: dict[str, Any] = {
         "command": command,

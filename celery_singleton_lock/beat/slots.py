@@ -72,6 +72,17 @@ def interval_ms(sched: Any) -> int | None:
     return period if period >= 1 else None
 
 
+def _local(sched: Any, moment: dt.datetime) -> dt.datetime:
+    """``moment`` in the schedule's own timezone (the app's), as beat hands times to a
+    schedule: older Celery versions match a crontab's fields in the timezone of the
+    datetime they are given."""
+    try:
+        zone = sched.tz
+    except Exception:  # noqa: BLE001 - a schedule without an app or a timezone: keep UTC
+        return moment
+    return moment.astimezone(zone) if isinstance(zone, dt.tzinfo) else moment
+
+
 def next_slot(sched: Any, after_ms: int) -> int | None:
     """The first slot of ``sched`` strictly after ``after_ms``, None when there is none (a
     one-off time already past). ``NotComputable`` when the schedule cannot tell."""
@@ -81,7 +92,7 @@ def next_slot(sched: Any, after_ms: int) -> int | None:
     estimate = getattr(sched, "remaining_estimate", None)
     if not isinstance(sched, BaseSchedule) or estimate is None:
         raise NotComputable(f"{sched!r} is not a celery schedule")
-    at = from_ms(after_ms)
+    at = _local(sched, from_ms(after_ms))
     pinned: Any = copy.copy(sched)
     pinned.nowfun = lambda: at
     try:
