@@ -11,6 +11,9 @@ Each part sits between ``<!-- BEGIN GENERATED <NAME> -->`` and ``<!-- END GENERA
   ``ops.cli``'s extra columns, with :data:`COLUMN_MEANINGS`) and the transcripts of the
   real ``celery locks`` command (``tests/docs/cli_samples.py``, which starts a
   redis-server; ``--no-samples`` leaves them alone);
+- docs/beat.md: the beat settings (``beat.config.reference_markdown``) and the table of the
+  last ``python -m benchmarks.beat_failover`` run committed in docs/beat/failover.json
+  (:func:`beat_failover_markdown`);
 - docs/deployment.md: the least-privilege ACL of the lock Redis (:func:`acl_markdown`):
   the commands ``ops.checks`` derives from the scripts and the engine, and one key pattern
   per companion-key suffix of ``engine.keyspace``.
@@ -18,6 +21,7 @@ Each part sits between ``<!-- BEGIN GENERATED <NAME> -->`` and ``<!-- END GENERA
 
 from __future__ import annotations
 
+import json
 import re
 import sys
 from collections.abc import Callable, Iterable
@@ -28,12 +32,14 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))  # tests.docs.cli_samples, when run as a script
 
-from celery_singleton_lock import metrics  # noqa: E402 - after the path is set
+from benchmarks.beat_failover import markdown as failover_table  # noqa: E402 - after the path
+from celery_singleton_lock import metrics  # noqa: E402
 from celery_singleton_lock._observe import (  # noqa: E402
     events_markdown,
     signals_markdown,
     skip_record_key,
 )
+from celery_singleton_lock.beat.config import reference_markdown as beat_settings  # noqa: E402
 from celery_singleton_lock.engine.keyspace import SUFFIXES  # noqa: E402
 from celery_singleton_lock.engine.stack import stack_base  # noqa: E402
 from celery_singleton_lock.modes import policies_markdown  # noqa: E402
@@ -166,6 +172,12 @@ class Block:
         return f"<!-- BEGIN GENERATED {self.name} -->", f"<!-- END GENERATED {self.name} -->"
 
 
+def beat_failover_markdown() -> str:
+    """The side-by-side table of the committed benchmark run (docs/beat/failover.json)."""
+    report = json.loads((ROOT / "docs/beat/failover.json").read_text(encoding="utf-8"))
+    return failover_table(report)
+
+
 BLOCKS = (
     Block("docs/configuration.md", "OPTIONS", reference_markdown),
     Block("docs/observability.md", "SIGNALS", signals_markdown),
@@ -174,6 +186,8 @@ BLOCKS = (
     Block("docs/observability.md", "METRICS", metrics.reference_markdown),
     Block("docs/operations.md", "LIST COLUMNS", list_columns_markdown),
     Block("docs/deployment.md", "ACL", acl_markdown),
+    Block("docs/beat.md", "BEAT SETTINGS", beat_settings),
+    Block("docs/beat.md", "BEAT FAILOVER", beat_failover_markdown),
 )
 #: The transcripts of the real command in docs/operations.md, by block name.
 SAMPLES_PAGE = "docs/operations.md"

@@ -520,7 +520,9 @@ class LeaderScheduler(Scheduler):
                 known.last, known.retry = record.last_taken, None
                 if record.state == engine.GIVEN_BACK:
                     known.retry = record.slot
-            log.info("beat: slot %s of %r was taken already; not sent", from_ms(slot), name)
+            log.info(
+                "beat: slot %s of %r was taken already; not sent", from_ms(slot).isoformat(), name
+            )
             observe.slot_skipped(
                 self,
                 group=self.group,
@@ -542,7 +544,9 @@ class LeaderScheduler(Scheduler):
         except _Deposed:
             raise
         except Exception as exc:  # noqa: BLE001 - SchedulingError, or a broken inner scheduler
-            log.error("beat: sending slot %s of %r failed: %s", from_ms(slot), name, exc)
+            log.error(
+                "beat: sending slot %s of %r failed: %s", from_ms(slot).isoformat(), name, exc
+            )
             self._give_back(client, name, slot)
             return
         except BaseException:
@@ -555,7 +559,10 @@ class LeaderScheduler(Scheduler):
             engine.settle(client, self.keys, entry=name, slot_ms=slot, fence=self._fence, sent=True)
         except LockError as exc:  # the record stays "claimed": it counts as taken all the same
             log.warning(
-                "beat: could not record slot %s of %r as sent: %s", from_ms(slot), name, exc
+                "beat: could not record slot %s of %r as sent: %s",
+                from_ms(slot).isoformat(),
+                name,
+                exc,
             )
         try:
             self.inner.reserve(entry)  # the wrapped scheduler's bookkeeping (last run, count)
@@ -574,7 +581,9 @@ class LeaderScheduler(Scheduler):
         )
         if missed > 0:
             late = max(0.0, (now_ms - slot) / 1000)
-            log.info("beat: caught up slot %s of %r (%.1fs late)", from_ms(slot), name, late)
+            log.info(
+                "beat: caught up slot %s of %r (%.1fs late)", from_ms(slot).isoformat(), name, late
+            )
             observe.slot_caught_up(
                 self, group=self.group, entry=name, scheduled=from_ms(slot), late=late,
                 missed=missed,
@@ -590,7 +599,7 @@ class LeaderScheduler(Scheduler):
             )
         except LockError as exc:
             log.error("beat: slot %s of %r was not sent and could not be given back (%s): it is "
-                      "lost", from_ms(slot), name, exc)  # fmt: skip
+                      "lost", from_ms(slot).isoformat(), name, exc)  # fmt: skip
             return
         known.retry = slot
         # Later slots that come due meanwhile are missed: the next tick sends one of them.

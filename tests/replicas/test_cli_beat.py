@@ -4,6 +4,7 @@ and the last slot taken per entry."""
 
 from __future__ import annotations
 
+import datetime as dt
 import json
 import os
 import subprocess
@@ -113,3 +114,52 @@ def test_beat_counters_are_served_from_the_beat_process(tmp_path: Path) -> None:
                 time.sleep(0.2)
     assert found.get("celery_singleton_lock_beat_elected_total") == 1.0, found
     assert found.get('celery_singleton_lock_beat_slots_total{outcome="sent"}', 0) >= 2, found
+
+
+def test_a_leader_that_stops_hands_over_without_waiting_for_its_lease(tmp_path: Path) -> None:
+    """SIGTERM to the leader (beat's warm stop) releases its lease: the other replica leads
+    before the lease the leader had (10 s, read on the lock Redis's clock) would have run
+    out."""
+    with RedisServer() as broker, RedisServer() as lock:
+        env = {
+            **os.environ,
+            "CSL_BEAT_BROKER": broker.url,
+            "CSL_BEAT_LOCK": lock.url,
+            "CSL_BEAT_LEASE": "10",
+            "CSL_BEAT_ENTRIES": "fast",
+            "PYTHONPATH": str(ROOT),
+        }
+        beats = {
+            name: CeleryBeat(
+                APP,
+                extra_args=["-S", "celery_singleton_lock.beat:LeaderScheduler"],
+                env=env,
+                cwd=ROOT,
+                schedule=tmp_path / name,
+                name=name,
+            )
+            for name in ("a", "b")
+        }
+        with beats["a"], beats["b"]:
+
+            def state() -> dict[str, Any]:
+                done = locks_beat(env, "--json")
+                assert done.returncode == 0, done.stderr
+                return dict(json.loads(done.stdout))
+
+            deadline = time.monotonic() + 60
+            while (found := state())["leader"] is None or len(found["replicas"]) < 2:
+                assert time.monotonic() < deadline, found
+                time.sleep(0.2)
+            leader = found["leader"]
+            lease_ends = dt.datetime.fromisoformat(found["now"]) + dt.timedelta(
+                seconds=leader["lease_left"]
+            )
+            (stopping,) = [b for b in beats.values() if b.pid == leader["pid"]]
+            stopping.stop(timeout=30)
+            while (after := state())["leader"] is None or after["leader"]["pid"] == leader["pid"]:
+                assert time.monotonic() < deadline + 60, after
+                time.sleep(0.1)
+    since = dt.datetime.fromisoformat(after["leader"]["since"] or after["now"])
+    assert since < lease_ends, (since, lease_ends)
+    assert after["leader"]["fencing_token"] > leader["fencing_token"]
