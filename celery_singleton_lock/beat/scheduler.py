@@ -292,9 +292,23 @@ class LeaderScheduler(Scheduler):
         return max(0.0, wait - (time.monotonic() - started))
 
     def _elect(self, lock: RedisLock) -> None:
+        token, fence = lock.token, lock.fencing_token
+        holder = lock.holder()
+        if not token or not fence or holder is None or holder.token != token:
+            # Never lead on a hold the lock Redis does not show as ours: its claims would
+            # be refused anyway, but say so loudly.
+            log.error(
+                "beat: acquired the leader lease but the lock Redis shows %s (token %s, "
+                "fencing token %s): not leading",
+                holder,
+                token,
+                fence,
+            )
+            lock.detach()
+            return
         self._leading = True
-        self._fence = lock.fencing_token or 0
-        self._token = lock.token or ""
+        self._fence = fence
+        self._token = token
         self._renewed_at = time.monotonic()
         before = {name: known.last for name, known in self._known.items()}
         client, _ = self._setup()

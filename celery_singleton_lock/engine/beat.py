@@ -136,7 +136,12 @@ def claim(
     """Take slot ``slot_ms`` of ``entry`` for the leader holding ``keys.leader`` under
     ``token`` with fencing token ``fence``: to send it (``send``; the record says
     :data:`CLAIMED` until :func:`settle`), or to skip it (:data:`SKIPPED`). The records
-    are kept ``keep_ms`` from now."""
+    are kept ``keep_ms`` from now. ``ValueError`` for an empty owner token or a fencing
+    token below 1 (no lease has them)."""
+    if not token or fence < 1:
+        raise ValueError(
+            f"a claim needs the lease's owner and fencing token, got {token!r}, {fence!r}"
+        )
     reply = call(
         keys.leader,
         _CLAIM,

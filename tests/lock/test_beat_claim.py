@@ -9,6 +9,7 @@ import threading
 import time
 from typing import Any
 
+import pytest
 import redis
 from redis.cluster import key_slot
 
@@ -54,6 +55,8 @@ def test_only_the_lease_holder_with_its_fencing_token_takes_a_slot(
     assert not take(client, lock, keys, 1000, fence=fence - 1).leads
     assert not take(client, lock, keys, 1000, fence=fence + 1).leads
     assert not take(client, lock, keys, 1000, token="someone-else").leads
+    with pytest.raises(ValueError, match="owner and fencing token"):
+        take(client, lock, keys, 1000, token="", fence=0)
     assert client.hget(keys.slots, "job") is None
     claim = take(client, lock, keys, 1000)
     assert claim.taken
