@@ -40,6 +40,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from benchmarks.soak.code import other_code
 from benchmarks.soak.ledger import Body, Snapshot
 
 __all__ = [
@@ -49,6 +50,7 @@ __all__ = [
     "Overlap",
     "Results",
     "analyse",
+    "code_figures",
     "fencing_violations",
     "lost_and_duplicates",
     "overlaps",
@@ -296,6 +298,23 @@ def beat_figures(
     }
 
 
+def code_figures(
+    code: Mapping[str, Any], reports: Mapping[str, Mapping[str, Any]], started: int
+) -> dict[str, Any]:
+    """What the soak's processes ran: the snapshot (``code``:
+    :meth:`benchmarks.soak.code.Code.as_json`), how many processes the soak started and
+    how many reported the code they imported, and those that ran other code
+    (:func:`benchmarks.soak.code.other_code`)."""
+    return {
+        "revision": code.get("revision"),
+        "digest": code["digest"],
+        "scripts": code["scripts"],
+        "processes_started": started,
+        "processes_reported": len(reports),
+        "other_code": other_code(reports, code),
+    }
+
+
 def analyse(
     snapshot: Snapshot,
     faults: Sequence[Fault],
@@ -304,9 +323,12 @@ def analyse(
     lock_commands: int,
     modes: Mapping[str, Any] | None = None,
     beat: Mapping[str, Any] | None = None,
+    code: Mapping[str, Any] | None = None,
 ) -> Results:
     """Judge one soak. ``modes``: the modes' verdict (:func:`benchmarks.soak.modes.summary`),
-    whose violations outside a restart of the lock Redis are a safety target too."""
+    whose violations outside a restart of the lock Redis are a safety target too.
+    ``code``: :func:`code_figures`; a process that ran other code than the soak's snapshot
+    fails the soak (its other figures judge a mixture of versions)."""
     restarts = [fault.at for fault in faults if fault.kind == "redis_restart"]
     found = overlaps(snapshot.bodies, restarts)
     kept = [item for item in found if not item.data_loss]
@@ -462,6 +484,11 @@ def analyse(
                 safety=False,
             ),
         ]
+    if code is not None:
+        figures["code"] = dict(code)
+        other = len(code["other_code"])
+        name = "soak processes that ran other code than the soak's snapshot"
+        targets.append(_target(name, other, "0", other == 0))
     examples: dict[str, list[Any]] = {
         "overlaps_data_kept": [vars(item) for item in kept[:5]],
         "overlaps_after_data_loss": [vars(item) for item in lossy[:5]],

@@ -12,7 +12,10 @@ a soak import this module; the servers come from the environment:
 - ``CSL_SOAK_LEASE``: ``lock_timeout`` of every task (seconds);
 - ``CSL_SOAK_WORKER``: a label for this process's records (``w1``, ``beat``, ``driver``);
 - ``CSL_SOAK_CLOCK_SKEW``: seconds added to ``time.time()`` / ``time.time_ns()`` in this
-  worker's pool processes (where the task bodies and their locks run).
+  worker's pool processes (where the task bodies and their locks run);
+- ``CSL_SOAK_CODE``: set in every worker and beat the soak starts (from its snapshot of the
+  code, :mod:`benchmarks.soak.code`): the process reports the code it imported to the
+  ledger (``CODE_REPORTS``) as it imports this module.
 
 Every task runs :func:`work`: it enters the ledger's fenced resource for its key with its
 fencing token, writes a heartbeat every step while ``current_lock().lease_lost`` is False,
@@ -37,6 +40,7 @@ from typing import TYPE_CHECKING, Any
 
 from celery import Celery, signals
 
+from benchmarks.soak.code import imported
 from benchmarks.soak.ledger import Body, Ledger
 from celery_singleton_lock import LockedTask, LockError, current_lock
 from celery_singleton_lock.signals import beat_elected, beat_slot_sent, lock_lost
@@ -108,6 +112,8 @@ app.conf.update(
 
 #: The ledger's lists of the beat replicas: every slot the leader sent, every election.
 BEAT_SENT, BEAT_ELECTED = "beat:sent", "beat:elected"
+#: The ledger's hash of what each process imported: ``"<label>:<pid>"`` -> JSON.
+CODE_REPORTS = "code"
 
 
 def _beat_sent(sender: Any = None, **named: Any) -> None:
@@ -283,3 +289,9 @@ signals.worker_process_init.connect(_skew_clock, weak=False, dispatch_uid="soak.
 lock_lost.connect(_on_lock_lost, weak=False, dispatch_uid="soak.lock_lost")
 beat_slot_sent.connect(_beat_sent, weak=False, dispatch_uid="soak.beat_sent")
 beat_elected.connect(_beat_elected, weak=False, dispatch_uid="soak.beat_elected")
+
+if os.environ.get("CSL_SOAK_CODE"):
+    # A worker or beat replica the soak started: say which code it runs (the soak fails
+    # when it is not the snapshot the soak began with).
+    Ledger.for_process().client.hset(CODE_REPORTS, f"{WORKER}:{os.getpid()}",
+                                     json.dumps(imported()))  # fmt: skip

@@ -97,6 +97,14 @@ def headline(report: Mapping[str, Any]) -> str:
             f"{_number(modes['safe_violations'])} / "
             f"{_number(modes['violations_after_restart_total'])}",
         ))  # fmt: skip
+    code = figures.get("code")
+    if code:
+        rows.append((
+            "code (every worker and beat from one snapshot)",
+            f"{code['revision'] or '—'}, digest {code['digest'][:12]}: "
+            f"{_number(code['processes_reported'])} of {_number(code['processes_started'])} "
+            f"processes reported it, {_number(len(code['other_code']))} ran other code",
+        ))  # fmt: skip
     lines = ["| | |", "|---|---|"]
     lines += [f"| {name} | {value} |" for name, value in rows]
     return "\n".join(lines)

@@ -3,7 +3,9 @@
 A :class:`Rig` owns three private ``redis-server`` processes (locks, broker, ledger), one
 :class:`~celery_singleton_lock.testing.FaultProxy` per worker between that worker and the
 lock Redis, the ``celery worker`` processes and the ``celery beat``. Every process is
-started here and stopped here, by PID or process group; every wait is bounded.
+started here and stopped here, by PID or process group; every wait is bounded. Every
+worker and beat runs the code of the soak's snapshot (:mod:`benchmarks.soak.code`), also
+when it is started again mid-soak, never the working tree as it is at that moment.
 
 Each fault function injects one fault, lifts it (a paused process continues, a killed
 worker is started again), and returns a :class:`~benchmarks.soak.analysis.Fault` with
@@ -24,6 +26,7 @@ from pathlib import Path
 import redis
 
 from benchmarks.soak.analysis import Fault
+from benchmarks.soak.code import Code
 from benchmarks.soak.ledger import Ledger
 from celery_singleton_lock.beat.scheduler import group_key
 from celery_singleton_lock.beat.state import read_group
@@ -70,9 +73,10 @@ class Rig:
     broker: RedisServer
     ledger_server: RedisServer
     workers: list[SoakWorker]
-    run_dir: Path
+    run_dir: Path  # absolute: the processes run in the snapshot's directory
     lease: float
     kinds_of_keys: dict[str, str]
+    code: Code
     ledger: Ledger = field(init=False)
     beats: list[CeleryBeat] = field(default_factory=list)
     beat_starts: int = 0
@@ -88,7 +92,8 @@ class Rig:
     # -- environment and processes -------------------------------------------------------
 
     def env(self, label: str, lock_url: str) -> dict[str, str]:
-        """The environment of a soak process (see :mod:`benchmarks.soak.app`)."""
+        """The environment of a soak process (see :mod:`benchmarks.soak.app`): it imports
+        the snapshot of the code."""
         return {
             "CSL_SOAK_BROKER": self.broker.url,
             "CSL_SOAK_RESULTS": results_url(self.broker.url),
@@ -96,8 +101,14 @@ class Rig:
             "CSL_SOAK_LEDGER": self.ledger_server.url,
             "CSL_SOAK_LEASE": repr(self.lease),
             "CSL_SOAK_WORKER": label,
-            "PYTHONPATH": str(ROOT),
+            **self.code.env(),
         }
+
+    @property
+    def cwd(self) -> Path:
+        """Where a soak process runs: the snapshot (``python -m`` puts it first on the
+        path)."""
+        return self.code.root
 
     def lock_url_via(self, proxy: FaultProxy) -> str:
         """The lock URL a worker uses: through its proxy, with a short socket timeout."""
@@ -112,7 +123,7 @@ class Rig:
             env["CSL_SOAK_CLOCK_SKEW"] = repr(worker.skew)
         worker.process = CeleryWorker(
             APP, pool="prefork", concurrency=2, hostname=f"{worker.name}@%h", env=env,
-            cwd=ROOT, log_path=self.run_dir / f"{worker.name}-{worker.starts}.log",
+            cwd=self.cwd, log_path=self.run_dir / f"{worker.name}-{worker.starts}.log",
             ready_timeout=90,
         )  # fmt: skip
         worker.process.start(wait=wait)
@@ -135,7 +146,7 @@ class Rig:
         beat = CeleryBeat(
             APP, schedule=self.run_dir / f"beat{index}-schedule", max_interval=1,
             extra_args=["-S", "celery_singleton_lock.beat:LeaderScheduler"],
-            env=self.env(f"beat{index}", self.lock.url), cwd=ROOT, name=f"beat{index}",
+            env=self.env(f"beat{index}", self.lock.url), cwd=self.cwd, name=f"beat{index}",
             log_path=self.run_dir / f"beat{index}-{self.beat_starts}.log", ready_timeout=90,
         )  # fmt: skip
         beat.start(wait=wait)
