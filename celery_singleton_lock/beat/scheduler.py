@@ -287,16 +287,36 @@ class LeaderScheduler(Scheduler):
         started = time.monotonic()
         wait = min(STANDBY_WAIT, self.lease / 4)
         if lock.acquire(blocking=True, timeout=wait):
-            self._elect(lock)
+            try:
+                self._elect(lock)
+            except BaseException:
+                # Taken but not led on (the lock Redis failed mid-election, or beat stops):
+                # a hold kept here would run out unused and make every later acquire of
+                # this replica fail ("already holds it"), so it never led again.
+                self._let_go(lock)
+                raise
             return 0.0
         return max(0.0, wait - (time.monotonic() - started))
 
+    def _let_go(self, lock: RedisLock) -> None:
+        """Give back a lease this replica took but does not lead on, so another replica
+        can lead at once; the hold is forgotten here whatever the lock Redis answers (if
+        it cannot be told, the lease runs out)."""
+        try:
+            lock.release()
+        except LockError as exc:
+            log.debug("beat: could not give the leader lease back (%s); it runs out", exc)
+
     def _elect(self, lock: RedisLock) -> None:
+        """Lead on the lease just taken: once the lock Redis shows it as ours and this
+        replica has read the slot records, and not before (an error on the way leaves it
+        standing by)."""
+        acquired_at = time.monotonic()
         token, fence = lock.token, lock.fencing_token
         holder = lock.holder()
         if not token or not fence or holder is None or holder.token != token:
-            # Never lead on a hold the lock Redis does not show as ours: its claims would
-            # be refused anyway, but say so loudly.
+            # Never lead on a hold the lock Redis does not show as ours (it ran out while
+            # this process was frozen, say): its claims would be refused anyway.
             log.error(
                 "beat: acquired the leader lease but the lock Redis shows %s (token %s, "
                 "fencing token %s): not leading",
@@ -304,12 +324,8 @@ class LeaderScheduler(Scheduler):
                 token,
                 fence,
             )
-            lock.detach()
+            self._let_go(lock)
             return
-        self._leading = True
-        self._fence = fence
-        self._token = token
-        self._renewed_at = time.monotonic()
         before = {name: known.last for name, known in self._known.items()}
         client, _ = self._setup()
         now_ms, records = engine.presence(
@@ -320,6 +336,9 @@ class LeaderScheduler(Scheduler):
             ttl_ms=int((2 * self.lease + 2) * 1000),
             keep_ms=RECORDS_KEEP * 1000,
         )
+        self._fence = fence
+        self._token = token
+        self._renewed_at = acquired_at
         self._since = now_ms
         self._heartbeat_due = 0.0  # the next heartbeat says since when it leads
         lost = [name for name, last in before.items() if last is not None and name not in records]
@@ -335,6 +354,7 @@ class LeaderScheduler(Scheduler):
         self._learn(records)
         self._held_back.clear()
         self._ticked = False
+        self._leading = True
         log.info(
             "beat: %s leads group %r (fencing token %d, lease %gs)",
             self.replica,
