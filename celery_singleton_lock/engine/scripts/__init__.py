@@ -213,8 +213,9 @@ def _register() -> Mapping[str, Script]:
 
 #: Every script of the engine, by name (the ``.lua`` file's name): acquire, acquire_slots,
 #: release, extend, throttle, hold, followup_call, followup_hand_over, followup_replace,
-#: debounce_join, debounce_run, the park and order scripts, stack_line, and the scripts of
-#: held-back calls (held_park, held_sweep, held_started).
+#: debounce_join, debounce_run, the park and order scripts, stack_line, the scripts of
+#: held-back calls (held_park, held_sweep, held_started), and the beat group's beat_claim,
+#: beat_settle and beat_presence.
 SCRIPTS: Mapping[str, Script] = _register()
 
 
