@@ -20,7 +20,7 @@ import redis.asyncio
 
 from celery_singleton_lock import RedisLock
 from celery_singleton_lock.aio import AsyncRedisLock
-from celery_singleton_lock.engine import atomic
+from celery_singleton_lock.engine import atomic, beat
 from celery_singleton_lock.engine.keyspace import DONE, companion_key
 from celery_singleton_lock.engine.scripted import extend_all
 from celery_singleton_lock.engine.scripts import SCRIPTS, Arity, arity, contract
@@ -211,6 +211,18 @@ def drive_every_wrapper(client: redis.Redis, url: str) -> None:
         atomic.held_sweep(client, base, restart_ms=60_000, place_ms=5000, travel_ms=5000,
                           most=10, tasks=tasks)  # fmt: skip
     assert atomic.held_started(client, base, "task-15")
+
+    # A beat group: a leader's claim, sent and given back, and the replicas' heartbeats.
+    keys = beat.BeatKeys(f"sc:beat:{{{tag}b}}")
+    leader = RedisLock(client, keys.leader, timeout=5)
+    assert leader.acquire(blocking=False)
+    token, fence = leader.token or "", leader.fencing_token or 0
+    for slot_ms, sent in ((1_000, True), (2_000, False)):
+        beat.claim(client, keys, token=token, fence=fence, entry="tick", slot_ms=slot_ms,
+                   send=True, keep_ms=60_000)  # fmt: skip
+        beat.settle(client, keys, entry="tick", slot_ms=slot_ms, fence=fence, sent=sent)
+    beat.presence(client, keys, replica="r1", info="{}", ttl_ms=5000, keep_ms=60_000)
+    beat.leave(client, keys, replica="r1", keep_ms=60_000)
 
     # The asyncio lock builds its calls with the same code; its calls are checked too.
     async def aio() -> None:
