@@ -38,14 +38,16 @@ demo:  ## the flash-sale demo (REDIS_URL to use your Redis; else a private one i
 	@scripts/bootstrap.sh demo
 	$(VENV)/python -m examples.flash_sale.demo $(ARGS)
 
-bench:  ## every published benchmark figure from one run (its duration: "Took" in docs/benchmarks.md): docs/benchmarks.md, README, docs/img/
+bench:  ## every published benchmark figure from one run (its duration: "Took" in docs/benchmarks.md): docs/benchmarks.md, README, docs/img/, docs/beat/
 	@scripts/bootstrap.sh test,dev,bench
 	$(VENV)/python -m benchmarks.run --write docs/benchmarks.md --readme README.md $(ARGS)
+	$(VENV)/python -m benchmarks.beat_failover --minutes 4 --lease 3 --json docs/beat/failover.json
 	$(VENV)/python scripts/gen_docs.py --no-samples  # the prose that reads the new tables
 
 bench-quick:  ## a smoke run of every benchmark (one short repetition); prints the markdown, writes nothing
 	@scripts/bootstrap.sh test,dev,bench
 	$(VENV)/python -m benchmarks.run --quick $(ARGS)
+	$(VENV)/python -m benchmarks.beat_failover --minutes 0.5 --lease 3
 
 soak:  ## the chaos soak: real workers and beat under injected faults, MINUTES=10 (report: build/soak/)
 	@scripts/bootstrap.sh test,dev

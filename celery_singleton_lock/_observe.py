@@ -31,10 +31,17 @@ if TYPE_CHECKING:
     from celery_singleton_lock.options import LockOptions
 
 __all__ = [
+    "BEAT_EVENTS",
     "SKIPPED_EVENT",
     "THROTTLED_EVENT",
     "RunLock",
     "acquired",
+    "beat_deposed",
+    "beat_elected",
+    "beat_slot_caught_up",
+    "beat_slot_sent",
+    "beat_slot_skipped",
+    "beat_slots_missed",
     "conflict",
     "events_markdown",
     "lock_acquired",
@@ -124,14 +131,55 @@ task. Keyword arguments: ``key``, ``task_id`` (the burst's), ``generation``."""
 
 lock_parked = Signal(name="lock_parked")
 """A run (or, in queue scope, a call) found its key held and was parked
-(``lock_on_conflict="park"``): its message waits in the key's park queue, its result state
-is ``PARKED``. Sent where it parked (the worker, or the producer in queue scope). Sender:
-the task. Keyword arguments: ``key``, ``task_id``, ``position`` (1 is next; 0 for a run
-parked until its ``lock_rate_limit`` window frees), ``scope``."""
+(``lock_on_conflict="park"``): its message waits in the key's park queue (a run held back
+by its stacked limits or its rate: among the held calls, until they have room or its window
+opens), its result state is ``PARKED``. Sent where it parked (the worker, or the producer
+in queue scope). Sender: the task. Keyword arguments: ``key``, ``task_id``, ``position``
+(1 is next; 0 for a run held back by its ``lock_limits`` or parked until its
+``lock_rate_limit`` window frees), ``scope``."""
 
 lock_unparked = Signal(name="lock_unparked")
 """A parked call that was handed its key starts its run. Sent in the worker. Sender: the
 task. Keyword arguments: ``key``, ``task_id``, ``scope``."""
+
+beat_elected = Signal(name="beat_elected")
+"""A beat replica became the leader of its group (``celery_singleton_lock.beat``): from now
+on it sends the group's schedule. Sent in that beat process. Sender: the
+``LeaderScheduler``. Keyword arguments: ``group``, ``replica``, ``fencing_token`` (of its
+lease), ``since`` (aware UTC datetime, the lock Redis's clock)."""
+
+beat_deposed = Signal(name="beat_deposed")
+"""A beat leader stopped leading: its lease was taken or is gone, its renewal could not be
+confirmed before the lease ran out, or it stopped (``reason`` says which). It sends
+nothing more and stands by. Sender: the ``LeaderScheduler``. Keyword arguments: ``group``,
+``replica``, ``fencing_token``, ``reason``."""
+
+beat_slot_sent = Signal(name="beat_slot_sent")
+"""The beat leader took a slot of a schedule entry and published its task. Sender: the
+``LeaderScheduler``. Keyword arguments: ``group``, ``entry``, ``scheduled`` (aware UTC
+datetime of the slot), ``fencing_token``, ``task_id`` (of the message published; None
+when the scheduler returned no result), ``caught_up`` (True for a slot that came due while
+nobody led, sent by the catch-up rule ``"once"``)."""
+
+beat_slot_skipped = Signal(name="beat_slot_skipped")
+"""The beat leader did not send a slot because the entry's record in the lock Redis says
+it was taken already (by an earlier leader). Sender: the ``LeaderScheduler``. Keyword
+arguments: ``group``, ``entry``, ``scheduled``, ``taken_by`` (the fencing token of the
+leader that took it, or the later slot it took)."""
+
+beat_slot_caught_up = Signal(name="beat_slot_caught_up")
+"""A new leader sent, by the catch-up rule ``"once"``, the most recent slot of an entry
+that came due while nobody led (sent with ``beat_slot_sent`` too). Sender: the
+``LeaderScheduler``. Keyword arguments: ``group``, ``entry``, ``scheduled``, ``late``
+(seconds between the slot and its send), ``missed`` (slots that came due meanwhile, this
+one included)."""
+
+beat_slots_missed = Signal(name="beat_slots_missed")
+"""Slots of an entry that came due while nobody led (or before the entry appeared or its
+schedule changed) and are not sent: all of them under ``"skip"``, all but the most recent
+under ``"once"``. Sender: the ``LeaderScheduler``. Keyword arguments: ``group``,
+``entry``, ``first`` and ``last`` (aware UTC datetimes of the first and last of them),
+``count``, ``catch_up`` (the rule applied)."""
 
 #: The worker event a skipped duplicate sends (``task.send_event``), for Flower and
 #: other event consumers. Fields: ``uuid``, ``name``, ``key``, ``holder_task_id``.
@@ -148,6 +196,22 @@ DEBOUNCED_EVENT = "task-lock-debounced"
 REAPED_EVENT = "task-lock-reaped"
 PARKED_EVENT = "task-lock-parked"
 UNPARKED_EVENT = "task-lock-unparked"
+#: Events of a beat group (fields as the signals' keyword arguments, datetimes as ISO
+#: texts), sent from the beat process when the app sets ``worker_send_task_events``.
+BEAT_ELECTED_EVENT = "beat-elected"
+BEAT_DEPOSED_EVENT = "beat-deposed"
+BEAT_SENT_EVENT = "beat-slot-sent"
+BEAT_SKIPPED_EVENT = "beat-slot-skipped"
+BEAT_CAUGHT_UP_EVENT = "beat-slot-caught-up"
+BEAT_MISSED_EVENT = "beat-slots-missed"
+BEAT_EVENTS = (
+    BEAT_ELECTED_EVENT,
+    BEAT_DEPOSED_EVENT,
+    BEAT_SENT_EVENT,
+    BEAT_SKIPPED_EVENT,
+    BEAT_CAUGHT_UP_EVENT,
+    BEAT_MISSED_EVENT,
+)
 #: How long the record of a skip is kept when the app sets no ``result_expires``.
 _DEFAULT_RECORD_TTL = 86400.0
 
@@ -485,6 +549,100 @@ def reaped(app: Any, key: str, task_id: str | None, *, why: str) -> None:
         log.debug("could not send %s for %s: %s", REAPED_EVENT, key, exc)
 
 
+# ------------------------------------------------------------------------------ beat
+
+
+def _beat_event(app: Any, event: str, **fields: Any) -> None:
+    """Send the beat event ``event`` when ``app`` sends task events
+    (``worker_send_task_events``); a broker that cannot take it never stops beat."""
+    if not app.conf.worker_send_task_events:
+        return
+    shown = {k: v.isoformat() if isinstance(v, datetime.datetime) else v for k, v in fields.items()}
+    try:
+        with app.events.default_dispatcher() as dispatcher:
+            dispatcher.send(event, **shown)
+    except Exception as exc:  # noqa: BLE001 - an event never stops beat
+        log.debug("could not send %s: %s", event, exc)
+
+
+def elected(
+    scheduler: Any, *, group: str, replica: str, fencing_token: int, since: datetime.datetime
+) -> None:
+    """``replica`` leads beat group ``group`` since ``since``."""
+    _send(beat_elected, scheduler, group=group, replica=replica, fencing_token=fencing_token,
+          since=since)  # fmt: skip
+    _beat_event(scheduler.app, BEAT_ELECTED_EVENT, group=group, replica=replica,
+                fencing_token=fencing_token, since=since)  # fmt: skip
+
+
+def deposed(scheduler: Any, *, group: str, replica: str, fencing_token: int, reason: str) -> None:
+    """``replica`` no longer leads ``group``, for ``reason``."""
+    _send(beat_deposed, scheduler, group=group, replica=replica, fencing_token=fencing_token,
+          reason=reason)  # fmt: skip
+    _beat_event(scheduler.app, BEAT_DEPOSED_EVENT, group=group, replica=replica,
+                fencing_token=fencing_token, reason=reason)  # fmt: skip
+
+
+def slot_sent(
+    scheduler: Any,
+    *,
+    group: str,
+    entry: str,
+    scheduled: datetime.datetime,
+    fencing_token: int,
+    task_id: str | None,
+    caught_up: bool,
+) -> None:
+    """The leader published the slot ``scheduled`` of ``entry``."""
+    _send(beat_slot_sent, scheduler, group=group, entry=entry, scheduled=scheduled,
+          fencing_token=fencing_token, task_id=task_id, caught_up=caught_up)  # fmt: skip
+    _beat_event(scheduler.app, BEAT_SENT_EVENT, group=group, entry=entry, scheduled=scheduled,
+                fencing_token=fencing_token, task_id=task_id, caught_up=caught_up)  # fmt: skip
+
+
+def slot_skipped(
+    scheduler: Any, *, group: str, entry: str, scheduled: datetime.datetime, taken_by: int
+) -> None:
+    """The slot ``scheduled`` of ``entry`` was taken already (by ``taken_by``)."""
+    _send(beat_slot_skipped, scheduler, group=group, entry=entry, scheduled=scheduled,
+          taken_by=taken_by)  # fmt: skip
+    _beat_event(scheduler.app, BEAT_SKIPPED_EVENT, group=group, entry=entry,
+                scheduled=scheduled, taken_by=taken_by)  # fmt: skip
+
+
+def slot_caught_up(
+    scheduler: Any,
+    *,
+    group: str,
+    entry: str,
+    scheduled: datetime.datetime,
+    late: float,
+    missed: int,
+) -> None:
+    """A new leader sent the most recent missed slot ``scheduled`` of ``entry``."""
+    _send(beat_slot_caught_up, scheduler, group=group, entry=entry, scheduled=scheduled,
+          late=late, missed=missed)  # fmt: skip
+    _beat_event(scheduler.app, BEAT_CAUGHT_UP_EVENT, group=group, entry=entry,
+                scheduled=scheduled, late=late, missed=missed)  # fmt: skip
+
+
+def slots_missed(
+    scheduler: Any,
+    *,
+    group: str,
+    entry: str,
+    first: datetime.datetime,
+    last: datetime.datetime,
+    count: int,
+    catch_up: str,
+) -> None:
+    """``count`` slots of ``entry`` from ``first`` to ``last`` are not sent."""
+    _send(beat_slots_missed, scheduler, group=group, entry=entry, first=first, last=last,
+          count=count, catch_up=catch_up)  # fmt: skip
+    _beat_event(scheduler.app, BEAT_MISSED_EVENT, group=group, entry=entry, first=first,
+                last=last, count=count, catch_up=catch_up)  # fmt: skip
+
+
 # ------------------------------------------------------------------ documentation
 
 
@@ -575,6 +733,11 @@ _EVENT_SENDERS = {
         ("uuid", "name"),
     ),
     "send": ("the process that ran `celery locks reap`", ()),
+    "_beat_event": (
+        "the beat leader (`celery_singleton_lock.beat`), when the app sets "
+        "`worker_send_task_events`",
+        (),
+    ),
 }
 
 

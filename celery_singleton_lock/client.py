@@ -138,25 +138,29 @@ def url_error(url: object) -> str | None:
     return None
 
 
-def client_from_url(url: str, master_name: str | None = None) -> LockClient:
+def client_from_url(
+    url: str, master_name: str | None = None, socket_timeout: float | None = None
+) -> LockClient:
     """A redis-py client for ``url``: redis://, rediss://, unix://, redis+socket://,
     redis+cluster:// or rediss+cluster:// (any node of a Redis Cluster), or
     sentinel://host:port[;sentinel://host2:port]/db (master name from ``master_name`` or
-    the ``master_name`` query parameter)."""
+    the ``master_name`` query parameter). ``socket_timeout`` (seconds) replaces the
+    default bound of every call and connect (a timeout in the URL's query still wins)."""
+    timeout = DEFAULT_SOCKET_TIMEOUT if socket_timeout is None else socket_timeout
+    bounds = {"socket_timeout": timeout, "socket_connect_timeout": timeout}
+    client_options = {**_CLIENT_OPTIONS, **bounds}
     if url.startswith("redis+socket://"):
         url = "unix://" + url[len("redis+socket://") :]
     for scheme in ("redis+cluster://", "rediss+cluster://"):
         if url.startswith(scheme):
             plain = scheme.replace("+cluster", "") + url[len(scheme) :]
-            return RedisCluster.from_url(plain, **_CLUSTER_OPTIONS)
+            return RedisCluster.from_url(plain, **{**_CLUSTER_OPTIONS, **bounds})
     if url.startswith("unix://"):
         # A unix-socket connection takes no TCP keepalive option.
-        unix = {
-            name: value for name, value in _CLIENT_OPTIONS.items() if name != "socket_keepalive"
-        }
+        unix = {name: value for name, value in client_options.items() if name != "socket_keepalive"}
         return redis.Redis.from_url(url, **unix)
     if not url.startswith("sentinel://"):
-        return redis.Redis.from_url(url, **_CLIENT_OPTIONS)
+        return redis.Redis.from_url(url, **client_options)
     hosts: list[tuple[str, int]] = []
     db: int = 0
     password: str | None = None
@@ -171,11 +175,9 @@ def client_from_url(url: str, master_name: str | None = None) -> LockClient:
         master_name = master_name or next(iter(parse_qs(parsed.query).get("master_name", [])), None)
     if not master_name:
         raise ValueError("a sentinel:// URL needs a master name (?master_name=mymaster)")
-    sentinel = Sentinel(
-        hosts, socket_timeout=DEFAULT_SOCKET_TIMEOUT, socket_connect_timeout=DEFAULT_SOCKET_TIMEOUT
-    )  # type: ignore[no-untyped-call]
+    sentinel = Sentinel(hosts, **bounds)  # type: ignore[no-untyped-call]
     master: redis.Redis = sentinel.master_for(  # type: ignore[no-untyped-call]
-        master_name, db=db, password=password, username=username, **_CLIENT_OPTIONS
+        master_name, db=db, password=password, username=username, **client_options
     )
     return master
 

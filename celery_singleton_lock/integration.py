@@ -35,6 +35,7 @@ from celery_singleton_lock import runtime, signals
 from celery_singleton_lock.client import mask_url, redis_for
 from celery_singleton_lock.config import hide_password, settings_for, task_globs
 from celery_singleton_lock.explain import Explanation, explain_key
+from celery_singleton_lock.modes.held import holds_back
 
 if TYPE_CHECKING:
     from celery import Celery
@@ -161,9 +162,11 @@ class ParkSweep(bootsteps.StartStopStep):
 
 
 def parks(app: Celery) -> bool:
-    """Whether any locked task of ``app`` sets calls aside in the lock Redis (parks them)."""
+    """Whether any locked task of ``app`` sets calls aside in the lock Redis (parks them,
+    keeps follow-ups, or holds calls back until their limits have room)."""
     return any(
-        (locking := runtime.locking_for(task)) is not None and locking.plan.policy.keeps_calls
+        (locking := runtime.locking_for(task)) is not None
+        and (locking.plan.policy.keeps_calls or holds_back(locking.options))
         for task in list(app.tasks.values())
     )
 

@@ -24,6 +24,15 @@ Metrics (label ``task`` is the task name; no label ever carries a lock key)::
     celery_singleton_lock_reaped_total{task}              holds freed by `celery locks reap`
     celery_singleton_lock_parked_total{task}              calls parked on a held key
     celery_singleton_lock_unparked_total{task}            parked calls handed their key, started
+    celery_singleton_lock_beat_elected_total              beat replicas that became the leader
+    celery_singleton_lock_beat_deposed_total              beat leaders that stopped leading
+    celery_singleton_lock_beat_slots_total{outcome}       slots of beat entries: sent, caught_up
+                                                          (sent late by the catch-up rule),
+                                                          skipped (taken already), missed (not
+                                                          sent by the catch-up rule)
+
+The beat counters count in the ``celery beat`` process of a ``LeaderScheduler`` replica
+(call :func:`enable` where the app is defined; serve them with :func:`serve`).
 
 Gauges of the stacked limits (``lock_limits``), read from the lock Redis at each scrape of a
 worker's ``/metrics`` (``install(app, port=...)``; :class:`LimitsCollector`)::
@@ -63,6 +72,12 @@ from typing import Any
 from celery import Task, bootsteps
 
 from celery_singleton_lock._observe import (
+    beat_deposed,
+    beat_elected,
+    beat_slot_caught_up,
+    beat_slot_sent,
+    beat_slot_skipped,
+    beat_slots_missed,
     lock_acquired,
     lock_coalesced,
     lock_conflict,
@@ -180,6 +195,9 @@ class LockMetrics:
     reaped: Counter
     parked: Counter
     unparked: Counter
+    beat_elected: Counter
+    beat_deposed: Counter
+    beat_slots: Counter
 
     @classmethod
     def create(cls, registry: CollectorRegistry) -> LockMetrics:
@@ -269,6 +287,23 @@ class LockMetrics:
                 ["task"],
                 registry=registry,
             ),
+            beat_elected=Counter(
+                f"{PREFIX}_beat_elected",
+                "Beat replicas (LeaderScheduler) that became the leader of their group.",
+                registry=registry,
+            ),
+            beat_deposed=Counter(
+                f"{PREFIX}_beat_deposed",
+                "Beat leaders that stopped leading (lease taken, lost, or the replica stopped).",
+                registry=registry,
+            ),
+            beat_slots=Counter(
+                f"{PREFIX}_beat_slots",
+                "Slots of beat entries by outcome: sent, caught_up (a missed slot sent by the "
+                "catch-up rule), skipped (taken already), missed (not sent by the catch-up rule).",
+                ["outcome"],
+                registry=registry,
+            ),
         )
 
 
@@ -341,6 +376,29 @@ def _on_superseded(sender: Any = None, **_: Any) -> None:
         _current.superseded.labels(_task_name(sender)).inc()
 
 
+def _on_beat_elected(**_: Any) -> None:
+    if _current is not None:
+        _current.beat_elected.inc()
+
+
+def _on_beat_deposed(**_: Any) -> None:
+    if _current is not None:
+        _current.beat_deposed.inc()
+
+
+def _beat_slots(outcome: str) -> Any:
+    """A receiver that counts beat slots of one outcome (``count`` of them when sent)."""
+
+    def receive(count: int = 1, caught_up: bool = False, **_: Any) -> None:
+        if _current is None:
+            return
+        if outcome == "sent" and caught_up:
+            return  # counted as caught_up
+        _current.beat_slots.labels(outcome).inc(max(0, int(count)))
+
+    return receive
+
+
 def enable(registry: CollectorRegistry | None = None) -> LockMetrics:
     """Count lock events in ``registry`` (default: ``prometheus_client``'s ``REGISTRY``) from
     now on, in this process and in processes forked from it. Idempotent per registry; the
@@ -366,6 +424,12 @@ def enable(registry: CollectorRegistry | None = None) -> LockMetrics:
             (lock_reaped, _counting("reaped")),
             (lock_parked, _counting("parked")),
             (lock_unparked, _counting("unparked")),
+            (beat_elected, _on_beat_elected),
+            (beat_deposed, _on_beat_deposed),
+            (beat_slot_sent, _beat_slots("sent")),
+            (beat_slot_caught_up, _beat_slots("caught_up")),
+            (beat_slot_skipped, _beat_slots("skipped")),
+            (beat_slots_missed, _beat_slots("missed")),
         ):
             uid = f"csl.metrics.{getattr(signal, 'name', id(signal))}"
             signal.connect(receiver, weak=False, dispatch_uid=uid)

@@ -16,6 +16,16 @@ keyword)::
     lock_parked     key, task_id, position, scope              (lock_on_conflict="park")
     lock_unparked   key, task_id, scope                        (a parked call starts)
 
+and those of beat replicas (``celery_singleton_lock.beat``; the sender is the
+``LeaderScheduler``, in the beat process)::
+
+    beat_elected         group, replica, fencing_token, since
+    beat_deposed         group, replica, fencing_token, reason
+    beat_slot_sent       group, entry, scheduled, fencing_token, task_id, caught_up
+    beat_slot_skipped    group, entry, scheduled, taken_by
+    beat_slot_caught_up  group, entry, scheduled, late, missed
+    beat_slots_missed    group, entry, first, last, count, catch_up
+
 ``waited``, ``held``, ``hold`` and ``retry_in`` are seconds. They are sent in the process
 that runs the task (a queue-scope publish that finds its key held sends ``lock_conflict``
 in the producer, with ``task_id=None``); a receiver's exception is logged and never
@@ -36,6 +46,12 @@ from celery import signals
 from celery.exceptions import TimeLimitExceeded, WorkerLostError
 
 from celery_singleton_lock._observe import (
+    beat_deposed,
+    beat_elected,
+    beat_slot_caught_up,
+    beat_slot_sent,
+    beat_slot_skipped,
+    beat_slots_missed,
     lock_acquired,
     lock_coalesced,
     lock_conflict,
@@ -58,6 +74,12 @@ from celery_singleton_lock.runtime import (
 )
 
 __all__ = [
+    "beat_deposed",
+    "beat_elected",
+    "beat_slot_caught_up",
+    "beat_slot_sent",
+    "beat_slot_skipped",
+    "beat_slots_missed",
     "connect",
     "lock_acquired",
     "lock_coalesced",

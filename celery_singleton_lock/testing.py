@@ -123,6 +123,7 @@ class RedisServer:
         self.startup_timeout = startup_timeout
         self.process: subprocess.Popen[bytes] | None = None
         self._dir: tempfile.TemporaryDirectory[str] | None = None
+        self._kept: tempfile.TemporaryDirectory[str] | None = None  # for restart(keep_data)
 
     @property
     def url(self) -> str:
@@ -148,7 +149,8 @@ class RedisServer:
         raise RuntimeError(f"no free port found in {_START_ATTEMPTS} attempts")
 
     def _start_once(self) -> RedisServer:
-        self._dir = tempfile.TemporaryDirectory(prefix="csl-redis-")
+        self._dir = self._kept or tempfile.TemporaryDirectory(prefix="csl-redis-")
+        self._kept = None
         args = [
             self.executable,
             "--bind",
@@ -223,9 +225,14 @@ class RedisServer:
         assert self.process is not None, "the server is not running"
         os.kill(self.process.pid, signal.SIGCONT)
 
-    def restart(self) -> None:
-        """Stop the server and start a new, empty one on the same port (every key lost)."""
+    def restart(self, *, keep_data: bool = False) -> None:
+        """Stop the server and start a new one on the same port: empty (every key lost), or
+        with ``keep_data`` on the data it saved in its directory (start it with
+        ``extra_args=("--appendonly", "yes", "--appendfsync", "always")`` to keep every
+        write)."""
+        kept, self._dir = (self._dir, None) if keep_data else (None, self._dir)
         self.stop()
+        self._kept = kept
         fixed, self._fixed_port = self._fixed_port, True
         try:
             self.start()

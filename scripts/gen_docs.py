@@ -14,6 +14,9 @@ Each part sits between ``<!-- BEGIN GENERATED <NAME> -->`` and ``<!-- END GENERA
 - docs/operations.md: the lines and states of ``celery locks explain`` and the fields of
   its ``--json`` (:func:`explain_lines_markdown`, :func:`explain_json_markdown`, from an
   explanation with every part filled in, with :data:`EXPLAIN_MEANINGS`);
+- docs/beat.md: the beat settings (``beat.config.reference_markdown``) and the table of the
+  last ``python -m benchmarks.beat_failover`` run committed in docs/beat/failover.json
+  (:func:`beat_failover_markdown`);
 - docs/deployment.md: the least-privilege ACL of the lock Redis (:func:`acl_markdown`):
   the commands ``ops.checks`` derives from the scripts and the engine, and one key pattern
   per companion-key suffix of ``engine.keyspace``;
@@ -39,6 +42,7 @@ from __future__ import annotations
 import functools
 import importlib
 import inspect
+import json
 import re
 import sys
 import textwrap
@@ -54,12 +58,14 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))  # tests.docs.cli_samples, when run as a script
 
 from benchmarks import prose  # noqa: E402 - after the path is set
+from benchmarks.beat_failover import markdown as failover_table  # noqa: E402 - after the path
 from celery_singleton_lock import metrics  # noqa: E402
 from celery_singleton_lock._observe import (  # noqa: E402
     events_markdown,
     signals_markdown,
     skip_record_key,
 )
+from celery_singleton_lock.beat.config import reference_markdown as beat_settings  # noqa: E402
 from celery_singleton_lock.engine.keyspace import SUFFIXES  # noqa: E402
 from celery_singleton_lock.engine.scripts import SCRIPTS, arity, contract  # noqa: E402
 from celery_singleton_lock.engine.stack import stack_base  # noqa: E402
@@ -735,6 +741,12 @@ class Block:
         return f"<!-- BEGIN GENERATED {self.name} -->", f"<!-- END GENERATED {self.name} -->"
 
 
+def beat_failover_markdown() -> str:
+    """The side-by-side table of the committed benchmark run (docs/beat/failover.json)."""
+    report = json.loads((ROOT / "docs/beat/failover.json").read_text(encoding="utf-8"))
+    return failover_table(report)
+
+
 BLOCKS = (
     Block("docs/configuration.md", "OPTIONS", reference_markdown),
     Block("docs/observability.md", "SIGNALS", signals_markdown),
@@ -759,6 +771,8 @@ BLOCKS = (
     Block("docs/modes.md", "COMBINATIONS", combinations_markdown),
     Block("docs/soak.md", "SOAK RESTARTS", soak_restarts_markdown),
     Block("docs/keys.md", "SUFFIXES", suffixes_markdown),
+    Block("docs/beat.md", "BEAT SETTINGS", beat_settings),
+    Block("docs/beat.md", "BEAT FAILOVER", beat_failover_markdown),
 )
 #: The transcripts of the real command in docs/operations.md, by block name.
 SAMPLES_PAGE = "docs/operations.md"

@@ -40,6 +40,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from benchmarks.soak.code import other_code
 from benchmarks.soak.ledger import Body, Snapshot
 
 __all__ = [
@@ -49,6 +50,7 @@ __all__ = [
     "Overlap",
     "Results",
     "analyse",
+    "code_figures",
     "fencing_violations",
     "lost_and_duplicates",
     "overlaps",
@@ -252,6 +254,67 @@ def _summary(values: Sequence[float]) -> dict[str, float | int | None]:
     }
 
 
+def beat_figures(
+    sends: Sequence[Mapping[str, Any]],
+    elections: Sequence[Mapping[str, Any]],
+    faults: Sequence[Fault],
+    *,
+    lease: float,
+) -> dict[str, Any]:
+    """The beat replicas' figures: slots sent (as the leader's ``beat_slot_sent`` recorded
+    them in the ledger), slots sent twice while the lock Redis kept its data (and after a
+    restart that lost it), elections, and the failover after each leader kill (the kill to
+    the first slot sent by another replica)."""
+    restarts = [fault.at for fault in faults if fault.kind == "redis_restart"]
+    seen: dict[tuple[str, int], Mapping[str, Any]] = {}
+    twice = twice_after_loss = 0
+    for send in sorted(sends, key=lambda line: float(line["t"])):
+        slot = (str(send["entry"]), int(send["slot"]))
+        if slot in seen:
+            if any(at <= float(send["t"]) <= at + lease + 5 for at in restarts):
+                twice_after_loss += 1
+            else:
+                twice += 1
+        seen[slot] = send
+    failovers: list[float | None] = []
+    for fault in faults:
+        if fault.kind != "beat_kill" or fault.detail == "no beat leader found":
+            continue
+        before = [s for s in sends if float(s["t"]) <= fault.at]
+        killed = before[-1]["replica"] if before else None
+        after = [
+            float(s["t"]) for s in sends if float(s["t"]) > fault.at and s["replica"] != killed
+        ]
+        failovers.append(round(min(after) - fault.at, 3) if after else None)
+    return {
+        "slots_sent": len(sends),
+        "slots_sent_twice_data_kept": twice,
+        "slots_sent_twice_after_data_loss": twice_after_loss,
+        "caught_up": sum(bool(send.get("caught_up")) for send in sends),
+        "elections": len(elections),
+        "leader_kills": len(failovers),
+        "failover": _summary([value for value in failovers if value is not None]),
+        "failover_never": sum(value is None for value in failovers),
+    }
+
+
+def code_figures(
+    code: Mapping[str, Any], reports: Mapping[str, Mapping[str, Any]], started: int
+) -> dict[str, Any]:
+    """What the soak's processes ran: the snapshot (``code``:
+    :meth:`benchmarks.soak.code.Code.as_json`), how many processes the soak started and
+    how many reported the code they imported, and those that ran other code
+    (:func:`benchmarks.soak.code.other_code`)."""
+    return {
+        "revision": code.get("revision"),
+        "digest": code["digest"],
+        "scripts": code["scripts"],
+        "processes_started": started,
+        "processes_reported": len(reports),
+        "other_code": other_code(reports, code),
+    }
+
+
 def analyse(
     snapshot: Snapshot,
     faults: Sequence[Fault],
@@ -259,9 +322,13 @@ def analyse(
     lease: float,
     lock_commands: int,
     modes: Mapping[str, Any] | None = None,
+    beat: Mapping[str, Any] | None = None,
+    code: Mapping[str, Any] | None = None,
 ) -> Results:
     """Judge one soak. ``modes``: the modes' verdict (:func:`benchmarks.soak.modes.summary`),
-    whose violations outside a restart of the lock Redis are a safety target too."""
+    whose violations outside a restart of the lock Redis are a safety target too.
+    ``code``: :func:`code_figures`; a process that ran other code than the soak's snapshot
+    fails the soak (its other figures judge a mixture of versions)."""
     restarts = [fault.at for fault in faults if fault.kind == "redis_restart"]
     found = overlaps(snapshot.bodies, restarts)
     kept = [item for item in found if not item.data_loss]
@@ -383,6 +450,20 @@ def analyse(
             safety=False,
         ),
     ]
+    if beat is not None:
+        figures["beat"] = dict(beat)
+        twice = int(beat["slots_sent_twice_data_kept"])
+        worst = beat["failover"]["max"]
+        targets += [
+            _target("beat slots sent twice while Redis kept its data", twice, "0", twice == 0),
+            _target(
+                "beat failover after a leader kill (max s)",
+                worst,
+                f"<= lease + 1 s = {limit:g}",
+                worst is not None and worst <= limit and not beat["failover_never"],
+                safety=False,
+            ),
+        ]
     if modes is not None:
         figures["modes"] = dict(modes)
         safe = int(modes["safe_violations"])
@@ -403,6 +484,11 @@ def analyse(
                 safety=False,
             ),
         ]
+    if code is not None:
+        figures["code"] = dict(code)
+        other = len(code["other_code"])
+        name = "soak processes that ran other code than the soak's snapshot"
+        targets.append(_target(name, other, "0", other == 0))
     examples: dict[str, list[Any]] = {
         "overlaps_data_kept": [vars(item) for item in kept[:5]],
         "overlaps_after_data_loss": [vars(item) for item in lossy[:5]],

@@ -12,7 +12,10 @@ a soak import this module; the servers come from the environment:
 - ``CSL_SOAK_LEASE``: ``lock_timeout`` of every task (seconds);
 - ``CSL_SOAK_WORKER``: a label for this process's records (``w1``, ``beat``, ``driver``);
 - ``CSL_SOAK_CLOCK_SKEW``: seconds added to ``time.time()`` / ``time.time_ns()`` in this
-  worker's pool processes (where the task bodies and their locks run).
+  worker's pool processes (where the task bodies and their locks run);
+- ``CSL_SOAK_CODE``: set in every worker and beat the soak starts (from its snapshot of the
+  code, :mod:`benchmarks.soak.code`): the process reports the code it imported to the
+  ledger (``CODE_REPORTS``) as it imports this module.
 
 Every task runs :func:`work`: it enters the ledger's fenced resource for its key with its
 fencing token, writes a heartbeat every step while ``current_lock().lease_lost`` is False,
@@ -28,6 +31,7 @@ them).
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import time
@@ -36,9 +40,10 @@ from typing import TYPE_CHECKING, Any
 
 from celery import Celery, signals
 
+from benchmarks.soak.code import imported
 from benchmarks.soak.ledger import Body, Ledger
 from celery_singleton_lock import LockedTask, LockError, current_lock
-from celery_singleton_lock.signals import lock_lost
+from celery_singleton_lock.signals import beat_elected, beat_slot_sent, lock_lost
 from tests.invariants.modes import register
 from tests.invariants.recording import Recorder
 
@@ -97,10 +102,38 @@ app.conf.update(
     worker_hijack_root_logger=True,
     singleton_lock_url=LOCK,
     singleton_lock_timeout=LEASE,
+    # Three beat replicas run celery_singleton_lock.beat:LeaderScheduler: one leads.
+    singleton_beat_lease=LEASE,
     beat_schedule={
         "locked-job": {"task": BEAT_JOB, "schedule": 1.0, "args": ("beat", 25)},
     },
 )
+
+
+#: The ledger's lists of the beat replicas: every slot the leader sent, every election.
+BEAT_SENT, BEAT_ELECTED = "beat:sent", "beat:elected"
+#: The ledger's hash of what each process imported: ``"<label>:<pid>"`` -> JSON.
+CODE_REPORTS = "code"
+
+
+def _beat_sent(sender: Any = None, **named: Any) -> None:
+    """In a beat replica: record each slot its leader sent, outside the lock Redis."""
+    line = {
+        "entry": named.get("entry"),
+        "slot": int(named["scheduled"].timestamp() * 1000),
+        "replica": getattr(sender, "replica", None),
+        "fence": named.get("fencing_token"),
+        "caught_up": named.get("caught_up"),
+        "t": time.monotonic(),
+        "wall": time.time(),
+    }
+    Ledger.for_process().client.rpush(BEAT_SENT, json.dumps(line))
+
+
+def _beat_elected(sender: Any = None, **named: Any) -> None:
+    line = {"replica": named.get("replica"), "fence": named.get("fencing_token"),
+            "t": time.monotonic()}  # fmt: skip
+    Ledger.for_process().client.rpush(BEAT_ELECTED, json.dumps(line))
 
 
 def _trusted(lock: RedisLock) -> float | None:
@@ -254,3 +287,11 @@ signals.task_received.connect(_on_received, weak=False, dispatch_uid="soak.recei
 signals.task_postrun.connect(_on_postrun, weak=False, dispatch_uid="soak.postrun")
 signals.worker_process_init.connect(_skew_clock, weak=False, dispatch_uid="soak.skew")
 lock_lost.connect(_on_lock_lost, weak=False, dispatch_uid="soak.lock_lost")
+beat_slot_sent.connect(_beat_sent, weak=False, dispatch_uid="soak.beat_sent")
+beat_elected.connect(_beat_elected, weak=False, dispatch_uid="soak.beat_elected")
+
+if os.environ.get("CSL_SOAK_CODE"):
+    # A worker or beat replica the soak started: say which code it runs (the soak fails
+    # when it is not the snapshot the soak began with).
+    Ledger.for_process().client.hset(CODE_REPORTS, f"{WORKER}:{os.getpid()}",
+                                     json.dumps(imported()))  # fmt: skip

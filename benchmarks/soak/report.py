@@ -21,6 +21,7 @@ FAULT_NAMES = {
     "net_stall": "worker–Redis connections stalled past the lease (proxy)",
     "net_cut": "worker–Redis connections cut (proxy)",
     "clock_skew": "worker restarted with its wall clock far off",
+    "beat_kill": "SIGKILL of the leading beat replica (restarted)",
 }
 
 
@@ -81,6 +82,13 @@ def headline(report: Mapping[str, Any]) -> str:
          _seconds(figures["recovery_wait_policy"])),
         ("lock Redis commands per task", _number(figures["lock_commands_per_task"])),
     ]  # fmt: skip
+    beat = figures.get("beat")
+    if beat:
+        rows.append((
+            "beat (3 replicas): slots sent / sent twice while Redis kept its data / leader kills",
+            f"{_number(beat['slots_sent'])} / {_number(beat['slots_sent_twice_data_kept'])} / "
+            f"{_number(beat['leader_kills'])} (failover {_seconds(beat['failover'])})",
+        ))  # fmt: skip
     modes = figures.get("modes")
     if modes:
         rows.append((
@@ -88,6 +96,14 @@ def headline(report: Mapping[str, Any]) -> str:
             f"{_number(modes['calls'])} calls in {len(modes['modes'])} modes / "
             f"{_number(modes['safe_violations'])} / "
             f"{_number(modes['violations_after_restart_total'])}",
+        ))  # fmt: skip
+    code = figures.get("code")
+    if code:
+        rows.append((
+            "code (every worker and beat from one snapshot)",
+            f"{code['revision'] or '—'}, digest {code['digest'][:12]}: "
+            f"{_number(code['processes_reported'])} of {_number(code['processes_started'])} "
+            f"processes reported it, {_number(len(code['other_code']))} ran other code",
         ))  # fmt: skip
     lines = ["| | |", "|---|---|"]
     lines += [f"| {name} | {value} |" for name, value in rows]
@@ -146,7 +162,10 @@ def _fault_table(report: Mapping[str, Any]) -> str:
         "|---|---|---|---|",
     ]
     counts = report["figures"]["faults"]
+    kinds = report["config"].get("kinds", FAULT_NAMES)
     for kind, name in FAULT_NAMES.items():
+        if kind not in kinds:
+            continue  # a kind this soak did not inject (a report from before it existed)
         hit = sum(len(fault["held"]) for fault in report["faults"] if fault["kind"] == kind)
         times = rows.get(kind)
         worst = _number(round(max(times), 2)) if times else "—"

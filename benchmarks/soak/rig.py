@@ -3,7 +3,9 @@
 A :class:`Rig` owns three private ``redis-server`` processes (locks, broker, ledger), one
 :class:`~celery_singleton_lock.testing.FaultProxy` per worker between that worker and the
 lock Redis, the ``celery worker`` processes and the ``celery beat``. Every process is
-started here and stopped here, by PID or process group; every wait is bounded.
+started here and stopped here, by PID or process group; every wait is bounded. Every
+worker and beat runs the code of the soak's snapshot (:mod:`benchmarks.soak.code`), also
+when it is started again mid-soak, never the working tree as it is at that moment.
 
 Each fault function injects one fault, lifts it (a paused process continues, a killed
 worker is started again), and returns a :class:`~benchmarks.soak.analysis.Fault` with
@@ -24,7 +26,10 @@ from pathlib import Path
 import redis
 
 from benchmarks.soak.analysis import Fault
+from benchmarks.soak.code import Code
 from benchmarks.soak.ledger import Ledger
+from celery_singleton_lock.beat.scheduler import group_key
+from celery_singleton_lock.beat.state import read_group
 from celery_singleton_lock.testing import (
     CeleryBeat,
     CeleryWorker,
@@ -36,6 +41,8 @@ __all__ = ["FAULTS", "Rig", "SoakWorker", "results_url"]
 
 ROOT = Path(__file__).resolve().parents[2]
 APP = "benchmarks.soak.app"
+#: How many ``celery beat`` replicas run (LeaderScheduler: one leads, the others stand by).
+BEAT_REPLICAS = 3
 #: Every worker's lock client gives up on a call after this long (seconds).
 LOCK_SOCKET_TIMEOUT = 2.0
 
@@ -66,11 +73,13 @@ class Rig:
     broker: RedisServer
     ledger_server: RedisServer
     workers: list[SoakWorker]
-    run_dir: Path
+    run_dir: Path  # absolute: the processes run in the snapshot's directory
     lease: float
     kinds_of_keys: dict[str, str]
+    code: Code
     ledger: Ledger = field(init=False)
-    beat: CeleryBeat | None = None
+    beats: list[CeleryBeat] = field(default_factory=list)
+    beat_starts: int = 0
     lock_commands: int = 0  # counted before each restart of the lock Redis
     _info_calls: int = 0
     #: Told (pids, monotonic time, fault kind) just before processes are SIGKILLed: the
@@ -83,7 +92,8 @@ class Rig:
     # -- environment and processes -------------------------------------------------------
 
     def env(self, label: str, lock_url: str) -> dict[str, str]:
-        """The environment of a soak process (see :mod:`benchmarks.soak.app`)."""
+        """The environment of a soak process (see :mod:`benchmarks.soak.app`): it imports
+        the snapshot of the code."""
         return {
             "CSL_SOAK_BROKER": self.broker.url,
             "CSL_SOAK_RESULTS": results_url(self.broker.url),
@@ -91,8 +101,14 @@ class Rig:
             "CSL_SOAK_LEDGER": self.ledger_server.url,
             "CSL_SOAK_LEASE": repr(self.lease),
             "CSL_SOAK_WORKER": label,
-            "PYTHONPATH": str(ROOT),
+            **self.code.env(),
         }
+
+    @property
+    def cwd(self) -> Path:
+        """Where a soak process runs: the snapshot (``python -m`` puts it first on the
+        path)."""
+        return self.code.root
 
     def lock_url_via(self, proxy: FaultProxy) -> str:
         """The lock URL a worker uses: through its proxy, with a short socket timeout."""
@@ -107,7 +123,7 @@ class Rig:
             env["CSL_SOAK_CLOCK_SKEW"] = repr(worker.skew)
         worker.process = CeleryWorker(
             APP, pool="prefork", concurrency=2, hostname=f"{worker.name}@%h", env=env,
-            cwd=ROOT, log_path=self.run_dir / f"{worker.name}-{worker.starts}.log",
+            cwd=self.cwd, log_path=self.run_dir / f"{worker.name}-{worker.starts}.log",
             ready_timeout=90,
         )  # fmt: skip
         worker.process.start(wait=wait)
@@ -119,15 +135,34 @@ class Rig:
         for worker in self.workers:
             assert worker.process is not None
             worker.process.wait_ready()
-        self.beat = CeleryBeat(
-            APP, schedule=self.run_dir / "beat-schedule", max_interval=1,
-            env=self.env("beat", self.lock.url), cwd=ROOT, log_path=self.run_dir / "beat.log",
+        for index in range(BEAT_REPLICAS):
+            self.beats.append(self.start_beat(index, wait=False))
+        for beat in self.beats:
+            beat.wait_ready()
+
+    def start_beat(self, index: int, *, wait: bool = True) -> CeleryBeat:
+        """Start beat replica ``index`` (``LeaderScheduler``; one of them leads)."""
+        self.beat_starts += 1
+        beat = CeleryBeat(
+            APP, schedule=self.run_dir / f"beat{index}-schedule", max_interval=1,
+            extra_args=["-S", "celery_singleton_lock.beat:LeaderScheduler"],
+            env=self.env(f"beat{index}", self.lock.url), cwd=self.cwd, name=f"beat{index}",
+            log_path=self.run_dir / f"beat{index}-{self.beat_starts}.log", ready_timeout=90,
         )  # fmt: skip
-        self.beat.start()
+        beat.start(wait=wait)
+        return beat
+
+    def beat_leader(self) -> int | None:
+        """The index of the beat replica that leads now, per the lock Redis."""
+        with redis.Redis(port=self.lock.port, socket_timeout=10) as client:
+            state = read_group(client, group_key("csl", "csl_soak"))
+        pid = state.leader["pid"] if state.leader else None
+        return next((i for i, beat in enumerate(self.beats) if beat.alive() and beat.pid == pid),
+                    None)  # fmt: skip
 
     def stop_beat(self) -> None:
-        if self.beat is not None:
-            self.beat.stop(timeout=10)
+        for beat in self.beats:
+            beat.stop(timeout=10)
 
     def stop(self) -> None:
         """Stop everything this rig started (a paused process is let go first)."""
@@ -313,6 +348,20 @@ def clock_skew(rig: Rig, rng: random.Random) -> Fault:
     return Fault("clock_skew", at, time.monotonic(), worker.name, detail)
 
 
+def beat_kill(rig: Rig, rng: random.Random) -> Fault:
+    """SIGKILL the leading beat replica, then start it again (it stands by)."""
+    index = rig.beat_leader()
+    at = time.monotonic()
+    if index is None:
+        return Fault("beat_kill", at, at, "beat", "no beat leader found")
+    beat = rig.beats[index]
+    pid = beat.pid
+    beat.kill()
+    time.sleep(rng.uniform(0.5, 2.0))
+    rig.beats[index] = rig.start_beat(index, wait=False)
+    return Fault("beat_kill", at, time.monotonic(), f"beat{index}", f"leader pid {pid} killed")
+
+
 FAULTS: dict[str, Callable[[Rig, random.Random], Fault]] = {
     "child_kill": child_kill,
     "worker_kill": worker_kill,
@@ -322,4 +371,5 @@ FAULTS: dict[str, Callable[[Rig, random.Random], Fault]] = {
     "net_stall": net_stall,
     "net_cut": net_cut,
     "clock_skew": clock_skew,
+    "beat_kill": beat_kill,
 }

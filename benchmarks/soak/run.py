@@ -1,12 +1,16 @@
 """Run the chaos soak: ``python -m benchmarks.soak [--minutes N] [--json PATH] [--markdown PATH]``.
 
-Three real ``celery worker`` processes (prefork, concurrency 2, ``acks_late``), a real
-``celery beat`` with a locked periodic job, and private ``redis-server`` processes for the
+Three real ``celery worker`` processes (prefork, concurrency 2, ``acks_late``), three
+``celery beat`` replicas (``LeaderScheduler``: one leads, its leader is SIGKILLed among the
+faults) with a locked periodic job, and private ``redis-server`` processes for the
 locks, the broker and the ledger. For ``--minutes`` a producer keeps a steady stream of
 locked tasks over a few keys (run scope waiting or retrying, queue scope), and a second
 one calls every mode (:mod:`benchmarks.soak.modes`: coalesce, replace, debounce,
 throttles, slots, lifetimes), while faults of every kind are injected at random moments,
-in rounds that each cover every kind in a random order. Then the producers and beat stop,
+in rounds that each cover every kind in a random order. Every worker and beat runs from a
+snapshot of the code taken as the soak starts (:mod:`benchmarks.soak.code`), so an edit
+of the working tree meanwhile cannot reach a process restarted mid-soak; each reports
+what it imported, and one that ran other code fails the soak. Then the producers and beat stop,
 the queue drains (bounded), the ledger is judged (:mod:`benchmarks.soak.analysis`) and
 every call of the modes is checked (:mod:`tests.invariants.checker`). Exit status 1 when
 a safety target was missed (the modes' invariants count, except across a restart of the
@@ -40,10 +44,12 @@ from typing import Any
 
 import redis
 
-from benchmarks.soak.analysis import Fault, analyse
+from benchmarks.soak.analysis import Fault, analyse, beat_figures, code_figures
+from benchmarks.soak.code import imported
+from benchmarks.soak.code import snapshot as snapshot_code
 from benchmarks.soak.modes import ModesProducer, judge, summary
 from benchmarks.soak.report import markdown
-from benchmarks.soak.rig import FAULTS, Rig, SoakWorker, results_url
+from benchmarks.soak.rig import FAULTS, ROOT, Rig, SoakWorker, results_url
 from celery_singleton_lock.exceptions import LockBackendError
 from celery_singleton_lock.testing import FaultProxy, RedisServer, find_redis_server
 from tests.invariants.driver import broker_leftovers
@@ -162,10 +168,17 @@ def run_soak(config: SoakConfig, command: str = "") -> dict[str, Any]:
     rng = random.Random(config.seed)
     started_wall = dt.datetime.now(dt.timezone.utc).replace(microsecond=0)
     began = time.monotonic()
-    run_dir = config.run_dir or Path(tempfile.mkdtemp(prefix="csl-soak-"))
+    run_dir = (config.run_dir or Path(tempfile.mkdtemp(prefix="csl-soak-"))).resolve()
     run_dir.mkdir(parents=True, exist_ok=True)
     faults: list[Fault] = []
     with contextlib.ExitStack() as stack:
+        # The code every worker and beat runs, for the whole soak (what this process
+        # imported must be the same).
+        driver = imported()
+        code_dir = Path(stack.enter_context(tempfile.TemporaryDirectory()))
+        code = snapshot_code(ROOT, code_dir / "code")
+        if (driver["digest"], driver["scripts"]) != (code.digest, code.scripts):
+            raise RuntimeError(f"the tree at {ROOT} changed as the soak started")
         lock = stack.enter_context(RedisServer())
         broker = stack.enter_context(RedisServer())
         ledger_server = stack.enter_context(RedisServer())
@@ -179,7 +192,7 @@ def run_soak(config: SoakConfig, command: str = "") -> dict[str, Any]:
         kinds_of_keys = {key: task for task, keys in app.KEYS.items() for key in keys}
         workers = [SoakWorker(f"w{index + 1}", proxy) for index, proxy in enumerate(proxies)]
         workers[-1].skew = 3600.0  # one worker's wall clock is an hour ahead from the start
-        rig = Rig(lock, broker, ledger_server, workers, run_dir, config.lease, kinds_of_keys)
+        rig = Rig(lock, broker, ledger_server, workers, run_dir, config.lease, kinds_of_keys, code)
         stack.callback(rig.stop)
         _say(f"soak: servers up, starting {config.workers} workers and beat (logs: {run_dir})")
         rig.start()
@@ -239,6 +252,13 @@ def run_soak(config: SoakConfig, command: str = "") -> dict[str, Any]:
         drained = time.monotonic()
         lock_commands = rig.count_lock_commands()
         snapshot = rig.ledger.snapshot()
+        beat_sends = [json.loads(line) for line in rig.ledger.client.lrange(app.BEAT_SENT, 0, -1)]
+        elections = [json.loads(line) for line in rig.ledger.client.lrange(app.BEAT_ELECTED, 0, -1)]
+        code_reports = {
+            name: json.loads(text)
+            for name, text in rig.ledger.client.hgetall(app.CODE_REPORTS).items()
+        }
+        started = rig.beat_starts + sum(worker.starts for worker in workers)
         modes.close()
         with redis.Redis(port=broker.port, socket_timeout=10) as client:
             left = broker_leftovers(client, app.app.conf.task_default_queue)
@@ -253,6 +273,8 @@ def run_soak(config: SoakConfig, command: str = "") -> dict[str, Any]:
     results = analyse(
         snapshot, faults, lease=config.lease, lock_commands=lock_commands,
         modes=summary(verdict),
+        beat=beat_figures(beat_sends, elections, faults, lease=config.lease),
+        code=code_figures(code.as_json(), code_reports, started),
     )  # fmt: skip
     report: dict[str, Any] = {
         "command": command,
@@ -265,7 +287,7 @@ def run_soak(config: SoakConfig, command: str = "") -> dict[str, Any]:
             "gap_s": list(config.gap),
             "kinds": list(config.kinds),
             "backlog": BACKLOG,
-            "run_dir": str(run_dir),
+            "run_dir": str(config.run_dir or run_dir),
         },
         "environment": _versions(),
         "passed": results.safe,

@@ -9,6 +9,7 @@ __all__ = [
     "GRACE_BASE_MS",
     "GRACE_FRACTION",
     "GRANT_TTL_MS",
+    "HELD_WAKE_TTL_MS",
     "MAX_DURATION",
     "MAX_LIMIT",
     "SIGNAL_TTL_MS",
@@ -29,6 +30,9 @@ GRACE_FRACTION = 10
 WAITER_SLACK_MS = 500
 #: A grant nobody picked up (its waiter died just before) vanishes after this long.
 GRANT_TTL_MS = 60_000
+#: A wake-up of the workers' sweep of held-back calls survives this long unread (a worker
+#: blocked on it reads it at once; with none, the next periodic sweep looks anyway).
+HELD_WAKE_TTL_MS = 10_000
 #: The starts set of a throttled key (``lock_rate_limit``) outlives its newest start by one
 #: window plus this.
 STARTS_TTL_SLACK_MS = 1000

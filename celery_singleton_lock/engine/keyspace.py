@@ -10,6 +10,8 @@ standard library.
 from __future__ import annotations
 
 __all__ = [
+    "BEAT_REPLICAS",
+    "BEAT_SLOTS",
     "BURST",
     "DEBOUNCE",
     "DONE",
@@ -89,6 +91,12 @@ ORDER = "order"
 ORDER_DUE = "orderdue"
 #: ``lock_order="enqueue"``: the counter the calls' turns are taken from.
 SEQ = "seq"
+#: Beside a beat group's leader lease (``celery_singleton_lock.beat``): a hash, entry name ->
+#: the last slot of that schedule entry taken (sent, being sent, or skipped by catch-up).
+BEAT_SLOTS = "beat:slots"
+#: Beside a beat group's leader lease: the replicas of the group seen lately, a hash of
+#: replica id -> its heartbeat.
+BEAT_REPLICAS = "beat:replicas"
 
 #: Every suffix, by the name the Lua scripts know it under (``K_<NAME>``).
 SUFFIXES = {
@@ -115,6 +123,8 @@ SUFFIXES = {
     "ORDER": ORDER,
     "ORDER_DUE": ORDER_DUE,
     "SEQ": SEQ,
+    "BEAT_SLOTS": BEAT_SLOTS,
+    "BEAT_REPLICAS": BEAT_REPLICAS,
 }
 
 

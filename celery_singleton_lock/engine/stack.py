@@ -15,7 +15,10 @@ slot. The keys under a base ``<prefix>:{<tag>}:``:
   in the order they first tried, and until when each is known to wait; a take leaves room
   for the weight of the waiters ahead of it, so a heavy run is never passed for ever;
 - ``limits``: a hash of numbers set at run time (``celery locks limit set NAME N``), by a
-  limit's name or by its template, read before the number in the code.
+  limit's name or by its template, read before the number in the code;
+- ``held``, ``held:calls``, ``held:out`` and ``held:wake``: the calls of the application
+  that a limit (or a rate) holds back, kept here rather than in a worker until they fit
+  (``scripts/lib/holdback.lua``; the task layer's :mod:`celery_singleton_lock.modes.held`).
 """
 
 from __future__ import annotations
@@ -24,10 +27,15 @@ import json
 from dataclasses import dataclass
 
 __all__ = [
+    "HELD",
+    "HELD_CALLS",
+    "HELD_OUT",
+    "HELD_WAKE",
     "LIMITS",
     "LIMIT_PREFIX",
     "LINE_PREFIX",
     "MAX_NAME",
+    "STACK_SUFFIXES",
     "WAKE_PREFIX",
     "Limit",
     "Stack",
@@ -44,6 +52,27 @@ LIMIT_PREFIX = "limit:"
 WAKE_PREFIX = "wake:"
 #: ``line:<name>``: the waiters of a limit, under a stack's base.
 LINE_PREFIX = "line:"
+#: ``held``: the calls held back until they fit, a sorted set of task ids scored by the
+#: server ms from which each is due (its window opens; a call held back by a limit is due
+#: at once, and goes when it fits).
+HELD = "held"
+#: ``held:calls``: what each held-back call is (a hash: task id -> its lock key, its stack
+#: and place in the limits' lines, and the call itself).
+HELD_CALLS = "held:calls"
+#: ``held:out``: held-back calls handed out for publishing but not started yet (a sorted
+#: set scored by server ms), handed out again by a sweep if they never start.
+HELD_OUT = "held:out"
+#: ``held:wake``: the list a release of a share (or a newly held call) pushes onto, so a
+#: worker's sweep looks at the held-back calls at once.
+HELD_WAKE = "held:wake"
+#: The suffixes of a stack's base the Lua scripts know (``S_<NAME>``).
+STACK_SUFFIXES = {
+    "LIMITS": LIMITS,
+    "HELD": HELD,
+    "HELD_CALLS": HELD_CALLS,
+    "HELD_OUT": HELD_OUT,
+    "HELD_WAKE": HELD_WAKE,
+}
 #: How the hash tag of every stack ends: ``{<prefix>:stack}``.
 TAG_SUFFIX = ":stack"
 #: The longest limit name (a longer rendered name is shortened to a digest by the caller).

@@ -21,6 +21,7 @@ from celery.exceptions import ImproperlyConfigured
 from celery_singleton_lock.modes.base import ConflictPolicy, Mode, Scope
 from celery_singleton_lock.modes.debounce import Debounce
 from celery_singleton_lock.modes.followup import Coalesce, Replace
+from celery_singleton_lock.modes.held import HoldBack
 from celery_singleton_lock.modes.lifetime import HoldAfterSuccess, ReleaseAtStart
 from celery_singleton_lock.modes.order import Order
 from celery_singleton_lock.modes.park import Park
@@ -55,7 +56,14 @@ SCOPES: Mapping[str, Scope] = MappingProxyType(
     {scope.name: scope for scope in (RunScope(), QueueScope())}
 )
 #: The modes some options switch on, in the order their hooks run.
-MODES: tuple[type[Mode], ...] = (Debounce, Order, Throttle, ReleaseAtStart, HoldAfterSuccess)
+MODES: tuple[type[Mode], ...] = (
+    Debounce,
+    Order,
+    HoldBack,
+    Throttle,
+    ReleaseAtStart,
+    HoldAfterSuccess,
+)
 
 #: Every rule about options that cannot go together: the options' own, then each mode's.
 COMBINATIONS: tuple[Combination, ...] = OPTION_RULES + tuple(

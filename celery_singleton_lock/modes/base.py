@@ -154,6 +154,10 @@ class Run(Release, Protocol):
         against the task's ``max_retries``. ``duplicate``: an earlier delivery of this
         message held the key, so the retried run checks that it did not finish the work."""
 
+    def carried_headers(self) -> dict[str, Any]:
+        """The headers a message published again for this call by the lock carries (its
+        per-call options, its turn, the lock's retries count, one more)."""
+
     def outage(self, exc: BaseException, *, going_on: str = "running UNLOCKED") -> None:
         """The lock Redis failed (``exc``): give back what the run holds and raise the retry
         that waits for Redis; or, when ``singleton_lock_fail_open`` is set, log that the run
@@ -321,11 +325,11 @@ class ConflictPolicy(Mode):
         goes on as if its first try had taken it."""
         raise NotImplementedError
 
-    def limited(self, run: Run, countdown: float) -> bool:
+    def limited(self, run: Run) -> bool:
         """A stacked limit held the run back, and the call will come back as another
-        delivery in ``countdown`` seconds (its place in the limit's line kept meanwhile):
-        True when the policy has sent it on its way itself (or raise); False to let the
-        runtime retry it."""
+        delivery (kept in the lock Redis until it fits, its place in the limit's line kept
+        meanwhile: see :mod:`.held`): True when the policy has sent it on its way itself
+        (or raise); False to let the runtime set it aside."""
         return False
 
     def throttled(self, run: Run, retry_in: float) -> bool:

@@ -8,8 +8,10 @@ When the key frees, the release hands it to the first parked call: the key is wr
 that call's grant (no newcomer can take it), and the releasing process publishes the call
 again under its own task id, so its ``AsyncResult``, retries count and links are the
 caller's. In queue scope a ``.delay()`` whose key is held parks at publish: no message
-exists until its turn comes. A run over its ``lock_rate_limit`` is published again for
-the moment its window frees, its state ``PARKED`` meanwhile.
+exists until its turn comes. A run whose key is free but whose stacked limits
+(``lock_limits``) have no room, and a run over its ``lock_rate_limit``, are held back in the
+lock Redis too (:mod:`.held`), state ``PARKED``, and published again once their limits have
+room or their window opens.
 
 Nothing is lost and nothing runs twice: a sweep in every worker publishes again a call that
 was handed the key but has not started within ``GRANT_RESTART`` seconds (its releasing
@@ -29,9 +31,11 @@ from celery.exceptions import Ignore
 
 from celery_singleton_lock import _observe as observe
 from celery_singleton_lock.engine import atomic
-from celery_singleton_lock.exceptions import LockBackendError, TaskLocked, TaskThrottled
+from celery_singleton_lock.exceptions import LockBackendError, TaskLocked
 from celery_singleton_lock.modes.base import ACQUIRED, ConflictPolicy, HandedCall, Swept
+from celery_singleton_lock.modes.held import hold_back
 from celery_singleton_lock.modes.parking import (
+    HEADER_HELD,
     HEADER_PARKED,
     HEADER_TURN,
     INDEX_KEEP,
@@ -40,6 +44,7 @@ from celery_singleton_lock.modes.parking import (
     encode_call,
     index_key,
     keep_ms,
+    leave_held,
     mark_parked,
     milliseconds,
     parking_index,
@@ -141,12 +146,15 @@ class Park(ConflictPolicy):
         """A call handed the key from the park queue starts: the sweep lets it be. A copy
         of a handed call that finished already (published twice by the sweep, or another
         copy of its message took the grant and ran first) does not run again; nor does a
-        call parked by a stacked limit (published again as a retry) whose other copy ran
-        meanwhile."""
+        call of a task with stacked limits, or one held back by its limits or its rate
+        (published again from the lock Redis), whose other copy ran meanwhile."""
         if not run.header(HEADER_PARKED):
-            if run.lock.stack is not None and finished(run.lock, run.task_id):
+            held = run.header(HEADER_HELD) is not None
+            if (held or run.lock.stack is not None) and finished(run.lock, run.task_id):
                 run.give_back()
                 drop_late_copy(run, "a copy of a call that finished")
+            if held:
+                observe.unparked(run.task, run.key, run.task_id, scope=run.options.scope)
             return True
         started = atomic.park_started(run.client, run.key, run.task_id)
         if started < 0:
@@ -171,6 +179,7 @@ class Park(ConflictPolicy):
             # take it here rather than through the broker.
             if run.lock.acquire(blocking=False):
                 return ACQUIRED
+        self._left_held(run)  # the message published now carries the call
         raise run.retry(TaskLocked(run.key, None), 0.0, counted=False)
 
     def park_run(self, run: Run, turn: int | None) -> bool:
@@ -195,15 +204,18 @@ class Park(ConflictPolicy):
             self._publish(run, parked.handed)
         if parked.position is None:
             return False
+        self._left_held(run)  # the key's park queue has it now
         self._parked(run.task, run.key, run.task_id, parked.position, run.options.scope)
         return True
 
-    def limited(self, run: Run, countdown: float) -> bool:
-        """A run that a stacked limit held back is published again after ``countdown`` and
-        shows ``PARKED`` meanwhile, holding no share (its worker moves on); its place in the
-        limit's line is kept, so lighter calls do not pass it. A key handed to it from the
-        park queue goes on to the next parked call (a call of another weight may fit); in
-        queue scope the call's hold stays with its message, as for any retry."""
+    def limited(self, run: Run) -> bool:
+        """A run that a stacked limit held back waits in the lock Redis until its limits
+        have room (``modes.held``) and shows ``PARKED`` meanwhile, holding no share and no
+        worker; its place in the line of each limit that held it back is kept, so lighter
+        calls do not pass it. A key handed to it from the park queue goes on to the next
+        parked call (a call of another weight may fit); in queue scope the call's hold
+        stays with its message. When its limits had room after all it is published again
+        at once."""
         if run.eager:
             return False  # no worker to come back to: the caller is told (TaskLocked)
         if run.header(HEADER_PARKED):
@@ -216,11 +228,13 @@ class Park(ConflictPolicy):
         elif finished(run.lock, run.task_id):
             self._hand_on(run)
             drop_late_copy(run, "a copy of a call that finished")
+        kept = hold_back(run)
         if run.scope.at_publish:
             run.scope.hand_back(run)
         else:
             self._hand_on(run)
-        run.retry(locked(run, None, None), countdown, counted=False)
+        if not kept:  # its limits have room now: it comes back at once
+            run.retry(locked(run, None, None), 0.0, counted=False)
         self._parked(run.task, run.key, run.task_id, 0, run.options.scope)
         raise Ignore
 
@@ -235,13 +249,23 @@ class Park(ConflictPolicy):
         if isinstance(outcome, atomic.ParkedCall):
             self._publish(run, outcome)
 
+    def _left_held(self, run: Run) -> None:
+        """A call published again from the held calls waits elsewhere now: the sweep of the
+        held calls lets it be (an error is logged; a copy it hands out runs once)."""
+        if run.header(HEADER_HELD) is None:
+            return
+        try:
+            leave_held(run)
+        except LockBackendError as exc:
+            log.warning("could not clear %s from the held calls: %s", run.task_id, exc)
+
     def throttled(self, run: Run, retry_in: float) -> bool:
-        """A throttled run is published again for the moment its window frees, and shows
-        ``PARKED`` meanwhile (its worker does not wait for it)."""
+        """A throttled run gives its key back and waits in the lock Redis until its window
+        opens (``modes.held``), showing ``PARKED`` meanwhile: its worker does not keep it."""
         if run.eager:
             return WAIT.throttled(run, retry_in)
         run.scope.hand_back(run)
-        run.retry(TaskThrottled(run.key, retry_in), retry_in, counted=False)
+        hold_back(run, due=retry_in)
         self._parked(run.task, run.key, run.task_id, 0, run.options.scope)
         raise Ignore
 

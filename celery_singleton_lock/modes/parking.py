@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 from kombu.serialization import dumps, loads
 
 from celery_singleton_lock.engine import atomic
+from celery_singleton_lock.engine.stack import stack_base
 from celery_singleton_lock.engine.wire import call
 from celery_singleton_lock.modes.base import HandedCall
 
@@ -23,6 +24,7 @@ if TYPE_CHECKING:
     from celery_singleton_lock.options import LockOptions
 
 __all__ = [
+    "HEADER_HELD",
     "HEADER_PARKED",
     "HEADER_TURN",
     "INDEX_KEEP",
@@ -31,6 +33,7 @@ __all__ = [
     "encode_call",
     "index_key",
     "keep_ms",
+    "leave_held",
     "mark_parked",
     "milliseconds",
     "parking_index",
@@ -46,6 +49,9 @@ log = logging.getLogger("celery_singleton_lock.task")
 PARKED = "PARKED"
 #: Header of a message published from the park queue (its value: the key it parked on).
 HEADER_PARKED = "singleton_lock_parked"
+#: Header of a message published for a call that was held back in the lock Redis until it
+#: fit (``modes.held``; its value: the key it locks).
+HEADER_HELD = "singleton_lock_held"
 #: Header of a call's turn in its key's line (``lock_order="enqueue"``, taken at publish).
 HEADER_TURN = "singleton_lock_turn"
 #: A process names a key in the sweep's list again after this many seconds, and the sweep
@@ -69,11 +75,26 @@ def parking_index(prefix: str) -> str:
     return f"{{{prefix}}}~parking"
 
 
-def encode_call(task_name: str, call: HandedCall, *, key: str, serializer: str) -> bytes:
-    """A call as the park queue keeps it: what publishing it again needs. Its headers name
-    the key it parked on."""
+def encode_call(
+    task_name: str,
+    call: HandedCall,
+    *,
+    key: str,
+    serializer: str,
+    header: str = HEADER_PARKED,
+    headers: dict[str, Any] | None = None,
+) -> bytes:
+    """A call as the park queue (or the held calls) keeps it: what publishing it again
+    needs. Its headers name the key it waits for under ``header`` (``HEADER_PARKED``: it
+    parked on the key; ``HEADER_HELD``: a limit or its rate held it back), with ``headers``
+    added; a marker the message carried from an earlier wait is left out."""
     options = {name: value for name, value in call.options.items() if name != "task_id"}
-    options["headers"] = {**(options.get("headers") or {}), HEADER_PARKED: key}
+    kept = {
+        name: value
+        for name, value in (options.get("headers") or {}).items()
+        if name not in (HEADER_PARKED, HEADER_HELD)
+    }
+    options["headers"] = {**kept, **(headers or {}), header: key}
     content_type, encoding, body = dumps(
         [list(call.args), dict(call.kwargs)], serializer=serializer
     )
@@ -103,6 +124,14 @@ def mark_parked(task: Any, task_id: str, key: str, position: int) -> None:
         task.backend.store_result(task_id, {"key": key, "position": position}, PARKED)
     except Exception:
         log.debug("could not store PARKED for %s", task_id, exc_info=True)
+
+
+def leave_held(run: Run) -> None:
+    """The call of ``run``, published again after it was held back in the lock Redis
+    (``modes.held``), starts, ends without running (a late copy), or waits elsewhere now
+    (parked on its key): the sweep no longer hands it out. Redis errors raise
+    ``LockBackendError``."""
+    atomic.held_started(run.client, stack_base(run.settings.prefix), run.task_id)
 
 
 def index_key(client: LockClient, prefix: str, key: str, task_name: str) -> None:

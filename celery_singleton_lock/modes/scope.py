@@ -23,6 +23,7 @@ from celery_singleton_lock.engine.keyspace import DONE, companion_key
 from celery_singleton_lock.engine.wire import call
 from celery_singleton_lock.exceptions import LockBackendError, ResultLost
 from celery_singleton_lock.modes.base import Scope
+from celery_singleton_lock.modes.parking import HEADER_HELD, leave_held
 
 if TYPE_CHECKING:
     from celery_singleton_lock.modes.base import Release, Run
@@ -88,6 +89,11 @@ def drop_late_copy(run: Run, why: str) -> NoReturn:
     result), store ``ResultLost`` as the call's failure, so it still ends in a visible
     state rather than ``PENDING`` for ever."""
     log.info("%s[%s] not run again: %s", run.task.name, run.task_id, why)
+    if run.header(HEADER_HELD) is not None:
+        try:  # a copy held back in the lock Redis is not handed out again either
+            leave_held(run)
+        except LockBackendError as exc:
+            log.warning("could not clear %s from the held calls: %s", run.task_id, exc)
     task = run.task
     if getattr(task, "ignore_result", False) or run.eager:
         raise Ignore

@@ -33,6 +33,7 @@ from celery_singleton_lock.config import settings_for
 from celery_singleton_lock.engine import scripts
 from celery_singleton_lock.engine.keyspace import SLOT, SUFFIXES, companion_key
 from celery_singleton_lock.engine.wire import LockClient, wait_for_replicas
+from celery_singleton_lock.modes.held import holds_back
 from celery_singleton_lock.runtime.locking import locking_for
 
 if TYPE_CHECKING:
@@ -175,7 +176,7 @@ def parking_tasks(app: Celery) -> list[str]:
             locking = locking_for(task)
         except ImproperlyConfigured:
             continue
-        if locking is not None and locking.plan.policy.keeps_calls:
+        if locking is not None and (locking.plan.policy.keeps_calls or holds_back(locking.options)):
             parking.append(name)
     return parking
 

@@ -19,6 +19,7 @@ from celery_singleton_lock import _observe as observe
 from celery_singleton_lock._observe import RunLock
 from celery_singleton_lock.engine import RedisLock
 from celery_singleton_lock.exceptions import LockBackendError, LockNotOwned
+from celery_singleton_lock.modes.parking import HEADER_TURN
 from celery_singleton_lock.modes.policies import countdown, jitter
 from celery_singleton_lock.modes.scope import queue_token
 from celery_singleton_lock.runtime import headers as hdr
@@ -174,6 +175,19 @@ class Run:
         except Exception as error:  # noqa: BLE001 - as Celery's retry: rejected, not lost silently
             return Reject(error, requeue=False)
         return Retry(exc=cast("Exception", exc), when=cast("Any", countdown), sig=sig)
+
+    def carried_headers(self) -> dict[str, Any]:
+        """The headers a message published again for this call (by the lock, not as the
+        task's own retry) carries: the lock's retries, one more (it is the work itself
+        then), its per-call options and its turn in its key's line."""
+        headers: dict[str, Any] = {
+            hdr.HEADER_LOCK_RETRIES: int(self.header(hdr.HEADER_LOCK_RETRIES) or 0) + 1
+        }
+        for name in (hdr.HEADER_OPTIONS, HEADER_TURN):
+            value = self.header(name)
+            if value is not None:
+                headers[name] = value
+        return headers
 
     def outage(self, exc: BaseException, *, going_on: str = "running UNLOCKED") -> None:
         name, task_id = self.task.name, self.task_id

@@ -17,16 +17,16 @@ from __future__ import annotations
 import functools
 import logging
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NoReturn
 
 from celery import Task as CeleryTask
 from celery import states
 from celery.exceptions import Ignore, Reject, Retry
 
 from celery_singleton_lock import _observe as observe
-from celery_singleton_lock.engine import atomic
 from celery_singleton_lock.exceptions import LockBackendError, LockNotOwned, TaskLocked
 from celery_singleton_lock.modes.base import ACQUIRED
+from celery_singleton_lock.modes.held import hold_back
 from celery_singleton_lock.modes.policies import locked, tell
 from celery_singleton_lock.modes.scope import queue_owner
 from celery_singleton_lock.runtime import headers as hdr
@@ -147,43 +147,30 @@ def on_limit(run: Run) -> Any:
     ``"skip"``, ``"retry"``, ``"coalesce"`` and ``"replace"`` it comes back later, its hold
     following the message, rather than being dropped; under ``"raise"`` (and ``"wait"``
     past ``lock_wait``) its hold is given up and it fails with ``TaskLocked``. Under
-    ``"park"`` (either scope) it is parked: published again later, ``PARKED`` meanwhile.
-    A call that comes back keeps its place in the lines of the limits that held it back."""
+    ``"park"`` (either scope) it is parked. A call that comes back waits in the lock Redis,
+    never in a worker (``modes.held``), keeping its place in the lines of the limits that
+    held it back."""
     policy = run.policy
     comes_back = policy.name == "park" or (
         run.scope.at_publish and policy.name not in {"raise", "wait"}
     )
     if comes_back and not run.eager:
-        countdown = keep_place(run, run.countdown(None))
         tell(run, policy.name if policy.name == "park" else "retry", None)
-        if not policy.limited(run, countdown):
-            raise run.retry(locked(run, None, None), countdown, counted=False)
+        if not policy.limited(run):
+            set_aside(run)
     if run.scope.at_publish:
         give_up_queued_hold(run)
     return policy.conflict(run, None)
 
 
-#: A call held back by a stacked limit keeps its place in the limit's line this long past
-#: its countdown. Short on purpose: while a place is kept, runs that wait in a worker leave
-#: room for it; if every worker were busy waiting, the call could not come back to take
-#: it. A call that comes back later than this joins the line again, at its end.
-PLACE_SLACK = 5.0
-
-
-def keep_place(run: Run, countdown: float) -> float:
-    """Keep the place of ``run``'s call in the line of every limit that holds it back, under
-    the token it claims with (its next delivery takes the place up); the countdown to use
-    (0 when it fits now after all)."""
-    stack = run.lock.stack
-    if stack is None or not run.lock.claim:
-        return countdown
-    keep_ms = int((countdown + PLACE_SLACK) * 1000)
-    try:
-        blocking = atomic.stack_line(run.client, run.key, stack, run.lock.claim, keep_ms)
-    except LockBackendError as exc:
-        log.warning("could not keep the place of %s in its limits' lines: %s", run.key, exc)
-        return countdown
-    return countdown if blocking is not None else 0.0
+def set_aside(run: Run) -> NoReturn:
+    """A queue-scope call that a limit held back comes back with its hold: it is kept in
+    the lock Redis until its limits have room (state ``RETRY`` meanwhile; nothing is
+    published now), or published again at once when they have room after all."""
+    exc = locked(run, None, None)
+    if hold_back(run):
+        raise Retry("held back in the lock Redis until its limits have room", exc)
+    raise run.retry(exc, 0.0, counted=False)
 
 
 def give_up_queued_hold(run: Run) -> None:

@@ -74,6 +74,7 @@ THIRD_PARTY = (
     "redis", "redis.exceptions", "redis.cluster", "redis.lock", "redis.client",
     "redis.connection", "redis.asyncio", "kombu", "billiard.exceptions", "datetime",
     "decimal", "uuid", "enum", "pathlib", "asyncio", "threading", "dataclasses",
+    "celery.beat", "django_celery_beat.schedulers",
 )  # fmt: skip
 #: Variables the docs use for objects of a known type: ``task.lock_key(...)``.
 ALIASES = {
@@ -164,9 +165,10 @@ class Known:
 
     @cached_property
     def settings(self) -> set[str]:
+        from celery_singleton_lock.beat.config import setting_names as beat_names  # noqa: PLC0415
         from celery_singleton_lock.options import setting_names  # noqa: PLC0415
 
-        return set(setting_names())
+        return set(setting_names()) | set(beat_names())
 
     @cached_property
     def strings(self) -> set[str]:
@@ -202,7 +204,7 @@ class Known:
     def signals(self) -> set[str]:
         from celery_singleton_lock import signals  # noqa: PLC0415
 
-        return {name for name in signals.__all__ if name.startswith("lock_")}
+        return {name for name in signals.__all__ if name.startswith(("lock_", "beat_"))}
 
     @cached_property
     def events(self) -> set[str]:
@@ -236,7 +238,8 @@ class Known:
     def stack_suffixes(self) -> set[str]:
         from celery_singleton_lock.engine import stack  # noqa: PLC0415
 
-        return {stack.LIMITS, stack.LIMIT_PREFIX, stack.LINE_PREFIX, stack.WAKE_PREFIX}
+        prefixes = {stack.LIMIT_PREFIX, stack.LINE_PREFIX, stack.WAKE_PREFIX}
+        return {*stack.STACK_SUFFIXES.values(), *prefixes}
 
     @cached_property
     def celery_settings(self) -> set[str]:
@@ -571,6 +574,8 @@ class Resolver:
 
         if name in self.known.celery_settings or hasattr(celery.signals, name):
             return True
+        if name in self.known.signals:
+            return True  # one of ours: the beat group's signals
         if name in self.known.written_names:
             return True  # a fault or invariant of the soak, named in its code
         return f"no Celery setting or signal {name}"

@@ -75,7 +75,7 @@ def test_every_signal_documents_exactly_the_keywords_it_is_sent_with() -> None:
     for name, doc, sent in documented:
         assert sent, f"{name} is never sent"
         assert _observe.documented_keywords(doc) == sent, name
-    public = {name for name in signals.__all__ if name.startswith("lock_")}
+    public = {name for name in signals.__all__ if name.startswith(("lock_", "beat_"))}
     assert {name for name, _, _ in documented} == public
 
 

@@ -27,6 +27,7 @@ ALLOWED = {
     "BIGINT": "guarantees.md: the SQL column type a fencing token fits in",
     "TOKEN": "usage.md: a placeholder for an owner token",
     "ARG": "operations.md: one of the ARGS of the explain synopsis",
+    "DatabaseScheduler": "beat.md: django-celery-beat's scheduler class (not installed here)",
 }
 
 

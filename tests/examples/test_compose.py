@@ -307,6 +307,50 @@ def test_beat_and_its_worker_services_run_the_job_one_at_a_time(
             assert ticks > kinds.count("start"), (ticks, key, kinds)  # ticks were dropped
 
 
+LEADER_SCHEDULER = "celery_singleton_lock.beat:LeaderScheduler"
+SENT = re.compile(r"Sending due task (\S+) \(.*?\), slot (\S+)")
+
+
+def test_beat_replica_services_send_each_slot_once(services: Services, tmp_path: Path) -> None:
+    """The beat services that run ``LeaderScheduler``, all started together with their
+    app's worker: only one of them sends, every slot it sends is named once, and the job's
+    runs still never overlap."""
+    replicas = [
+        name
+        for name, service in services.items()
+        if celery_role(service) == "beat" and LEADER_SCHEDULER in service["command"]
+    ]
+    assert len(replicas) >= 2, replicas
+    app = app_of(services[replicas[0]])
+    workers = [
+        name
+        for name, service in services.items()
+        if celery_role(service) == "worker" and app_of(service) == app
+    ]
+    with compose_up([*workers, *replicas], services, tmp_path) as (servers, started):
+        (server,) = servers.values()
+        client = redis.Redis.from_url(server.url, decode_responses=True)
+        deadline = time.monotonic() + 60
+        sent: list[tuple[str, str]] = []
+        while time.monotonic() < deadline:
+            sent = [pair for name in replicas for pair in SENT.findall(started[name].log())]
+            if len(sent) >= 4:
+                break
+            time.sleep(0.2)
+        runs = {
+            key: [entry.split()[0] for entry in client.lrange(key, 0, -1)]
+            for key in client.scan_iter(match="*:runs:*")
+        }
+        senders = [name for name in replicas if SENT.search(started[name].log())]
+        client.close()
+    assert len(sent) >= 4, sent
+    assert len(sent) == len(set(sent)), sent
+    assert len(senders) == 1, senders
+    for key, kinds in runs.items():
+        starts = kinds.count("start")
+        assert kinds[: 2 * starts - 1] == (["start", "end"] * starts)[: 2 * starts - 1], key
+
+
 # -- the monitoring services ------------------------------------------------------------------
 
 

@@ -51,6 +51,9 @@ and lists every :class:`Violation`. The invariants, for every call the driver ma
    (``limit_exceeded``: the limit, its peak, the number allowed, the runs inside).
 9. **No lease is lost** unless the run's faults could cost one (``lease_lost``: the
    runner's stalls are shorter than the lease; the soak pauses workers past it).
+10. **A parked call holds no worker**: a call parked when a whole worker was killed (and
+    not published again or started since) does not come back as the broker's redelivery
+    of a countdown retry that worker kept (``parked_in_worker``; see :func:`_check_parked`).
 
 A violation whose window contains a restart of the lock Redis (which loses every lock,
 follow-up, burst, skip record, rate window and success hold) is flagged ``restart=True``
@@ -67,7 +70,15 @@ from typing import Any
 from celery_singleton_lock.limits import render_limit
 from tests.invariants.modes import MODES, Mode
 from tests.invariants.recording import KILL_LANDS
-from tests.invariants.records import BodyRun, Call, Exec, FaultRecord, Observation, Outcome
+from tests.invariants.records import (
+    BodyRun,
+    Call,
+    Exec,
+    FaultRecord,
+    Observation,
+    Outcome,
+    Receipt,
+)
 
 __all__ = [
     "HOLD_TOLERANCE",
@@ -91,8 +102,9 @@ READY = ("SUCCESS", "FAILURE", "REVOKED")
 KINDS: Mapping[str, str] = {
     "lost": "never reached a terminal state within the bounded wait (PENDING/RETRY for ever)",
     "lost_in_transport": "lost, its last message (the call, a retry or a handed call) never "
-    "received by a worker, published as a worker was killed (kombu's Redis transport, "
-    "celery/celery#7950: not the lock)",
+    "received by a worker, published as a worker was killed, or gone from the broker with a "
+    "worker killed after it was published (kombu's Redis transport pops a message before it "
+    "records it as unacknowledged, celery/celery#7950: not the lock)",
     "not_allowed": "ended in a terminal state its mode does not allow",
     "wrong_arguments": "the id ran with other arguments than the call it should run",
     "unexpected_result": "the stored result is not what a body of that id returned",
@@ -119,6 +131,10 @@ KINDS: Mapping[str, str] = {
     "unreachable or just as its process was killed (its end could not be recorded), with "
     "its worker killed before it acknowledged the message: the broker delivered it again "
     "(at-least-once delivery)",
+    "parked_in_worker": "a parked call waited in a worker: after that whole worker was "
+    "killed, it came back only as the broker's redelivery of a retry with a countdown that "
+    "the worker had kept unacknowledged (so a visibility timeout, not its limit or window, "
+    "decided when it ran)",
     "lost_behind_transport": "parked behind a queue-scope call whose message the broker "
     "transport lost as a worker was killed: that call holds the key for lock_queue_timeout "
     "(celery locks reap frees it)",
@@ -129,7 +145,11 @@ NOT_THE_LOCK = ("lost_in_transport", "ran_twice_unrecorded", "lost_behind_transp
 #: the run as finished: the worker writes that record a moment after the body returns.
 RECORD_WINDOW = 0.25
 #: Faults that kill a whole worker (its consumer too).
-WORKER_KILLS = ("worker_kill",)
+WORKER_KILLS = ("worker_kill", "parked_kill")
+#: A whole worker killed this soon (seconds) after a call parked may have died before it
+#: acknowledged the message that parked it: the broker's redelivery of that message is
+#: at-least-once delivery, not a parked call kept in the worker.
+PARK_ACK_WINDOW = 0.5
 #: A successful run's hold may end this much early (seconds): the body records its end a
 #: moment before the hold is taken, on the same host clock.
 HOLD_TOLERANCE = 0.05
@@ -225,6 +245,7 @@ def fault_allowance(fault: FaultRecord, lease: float, visibility: float) -> floa
     length = max(0.0, fault.t1 - fault.t0)
     allowances = {
         "worker_kill": length + visibility + 3.0,
+        "parked_kill": length + visibility + 3.0,
         "child_kill": 3.0,
         "redis_stall": length + 2.0,
         "redis_stop": length + 2.0,
@@ -431,6 +452,12 @@ def _near_a_worker_kill(run: _Run, sent: Sequence[float]) -> bool:
     )
 
 
+def _killed_after(run: _Run, moment: float) -> bool:
+    """Whether a whole worker was killed after a message was published at ``moment`` (or
+    just before: the kill is recorded as it is sent)."""
+    return any(f.kind in WORKER_KILLS and f.t0 >= moment - 0.5 for f in run.obs.faults)
+
+
 def _expected_call(run: _Run, mode: Mode, rid: str) -> Call | None:
     """The call whose arguments id ``rid`` must run."""
     group = run.by_result[rid]
@@ -458,8 +485,15 @@ def _check_result(run: _Run, rid: str) -> None:
             ran += f", published {len(sent)}x (last at +{sent[-1] - group[0].t_call:.2f} s), " \
                 f"{seen} by a worker"  # fmt: skip
             later = [b for b in bodies if b.start >= sent[-1]]
-            if not later and _near_a_worker_kill(run, sent[-1:]):
+            left = run.obs.notes.get("broker_left")
+            # Not in the broker at the end either (neither queued nor unacknowledged): a
+            # consumer took it off the queue and never received it, which only a worker
+            # killed in between does, however long the message had waited in the queue.
+            gone = left is not None and rid not in left and _killed_after(run, sent[-1])
+            if not later and (_near_a_worker_kill(run, sent[-1:]) or gone):
                 kind = "lost_in_transport"
+            if not later and gone:
+                ran += "; not in the broker either, and a whole worker was killed after it"
         where = run.obs.notes.get("broker_left", {}).get(rid)
         if where:
             ran += f"; its message is still {where} in the broker"
@@ -897,6 +931,52 @@ def _behind_transport(run: _Run) -> None:
             item.got += f"; parked behind call(s) {cause.calls}, lost in transport"
 
 
+def _check_parked(run: _Run) -> None:
+    """A parked call holds no worker: for a call parked (``lock_parked``) when a whole
+    worker was killed, neither published again (but as a retry with a countdown: an ETA
+    message waits in the worker that takes it) nor started since, its first message
+    received after the kill must not be the broker's redelivery of such a lock retry with a
+    countdown. A kill within ``PARK_ACK_WINDOW`` of the park is excused (the message that
+    parked it may not have been acknowledged yet)."""
+    parked: dict[str, list[float]] = defaultdict(list)
+    for record in run.obs.signals:
+        if record.signal == "lock_parked" and record.task_id:
+            parked[record.task_id].append(record.t)
+    fresh: dict[str, list[float]] = defaultdict(list)
+    for sent in run.obs.published:
+        if not sent.eta:
+            fresh[sent.task_id].append(sent.t)
+    received: dict[str, list[Receipt]] = defaultdict(list)
+    for receipt in sorted(run.obs.receipts, key=lambda item: item.t):
+        received[receipt.task_id].append(receipt)
+    kills = [f for f in run.obs.faults if f.kind in WORKER_KILLS]
+    for task_id, moments in parked.items():
+        own = run.by_own.get(task_id)
+        calls = run.by_result.get(task_id) or ([own] if own is not None else [])
+        if not calls:
+            continue
+        starts = [body.start for body in run.bodies.get(task_id, [])]
+        for kill in kills:
+            before = [moment for moment in moments if moment <= kill.t0]
+            if not before:
+                continue
+            since = max(before)
+            if kill.t0 - since < PARK_ACK_WINDOW:
+                continue
+            if any(since < t <= kill.t0 for t in fresh[task_id] + starts):
+                continue  # published again (handed its key, its limits had room) or ran
+            after = next((r for r in received[task_id] if r.t > kill.t0), None)
+            if after is None or not (after.redelivered and after.eta and after.lock_retries):
+                continue
+            run.flag("parked_in_worker", calls,
+                     "a parked call comes back from the lock Redis, whatever worker dies",
+                     f"parked at +{since - calls[0].t_call:.2f} s, its worker killed "
+                     f"{kill.t0 - since:.2f} s later; it came back {after.t - kill.t0:.2f} s "
+                     "after the kill as the broker's redelivery of a countdown retry",
+                     (since, after.t), [task_id])  # fmt: skip
+            break
+
+
 def _check_order(run: _Run) -> None:
     """Ordered modes: a call whose apply_async returned before another's began starts
     first (first starts compared). Calls with a countdown or ETA step aside; a stall or
@@ -943,6 +1023,7 @@ def check(obs: Observation, modes: Mapping[str, Mode] = MODES) -> Verdict:
     _check_lifetimes(run)
     _check_leases(run)
     _check_order(run)
+    _check_parked(run)
     _behind_transport(run)
     return Verdict(run.terminals, run.violations, _figures(run))
 

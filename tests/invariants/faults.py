@@ -1,4 +1,5 @@
-"""The fault injectors of the invariant runner: kills, lock Redis stalls and restarts.
+"""The fault injectors of the invariant runner: kills (of a pool process, of a whole worker,
+of a whole worker while calls wait parked), lock Redis stalls and restarts.
 
 Each injector acts on processes the runner started (by PID or process group, never by
 name), records what it killed in the ledger *before* killing it (so a body's end is known:
@@ -21,7 +22,10 @@ from tests.invariants.recording import Recorder
 from tests.invariants.records import FaultRecord, WorkerInfo
 from tests.invariants.scenario import PlannedFault
 
-__all__ = ["Injector", "WorkerSlot"]
+__all__ = ["PARKED_WAIT", "Injector", "WorkerSlot"]
+
+#: The longest a ``parked_kill`` waits for a parked call before it kills a worker anyway.
+PARKED_WAIT = 10.0
 
 
 @dataclass
@@ -108,6 +112,40 @@ class Injector:
         worker.start()
         detail = f"killed {len(pids)} processes, started again after {fault.seconds:g} s"
         return FaultRecord("worker_kill", at, time.monotonic(), worker.info.name, detail, pids)
+
+    def parked_kill(self, fault: PlannedFault) -> FaultRecord:
+        """SIGKILL a whole worker while calls wait parked: wait (at most ``PARKED_WAIT``
+        seconds) until a call is held back by a limit or its rate (parked at position 0;
+        else any parked call, once the wait is over: ``Recorder.parked_now``), kill the
+        worker that last took a message of that call (else one by ``pick``), start it again
+        ``seconds`` later. A parked call holds no worker, so none may wait for the broker
+        to bring its message back (the checker's ``parked_in_worker``)."""
+        deadline = time.monotonic() + PARKED_WAIT
+        parked = self.recorder.parked_now()
+        while time.monotonic() < deadline and not any(
+            record.fields.get("position") == 0 for record, _ in parked
+        ):
+            time.sleep(0.1)
+            parked = self.recorder.parked_now()
+        running = {slot.info.name: slot for slot in self.workers if slot.pids()}
+        worker = next((running[name] for _, name in parked if name in running), None)
+        held = sum(1 for record, _ in parked if record.fields.get("position") == 0)
+        how = f"{len(parked)} call(s) parked, {held} held back by a limit or a rate"
+        if worker is None:
+            worker = self._pick(self.workers, fault.pick)
+        now = time.monotonic()
+        if worker is None or worker.process is None:
+            return FaultRecord("parked_kill", now, now, "", "no worker running")
+        pids = worker.pids()
+        at = time.monotonic()
+        self.recorder.kill(pids, at, "parked_kill")
+        self.killed.update(pids)
+        worker.process.kill()
+        time.sleep(fault.seconds)
+        worker.start()
+        detail = (f"{how}; killed {len(pids)} processes, started again after "
+                  f"{fault.seconds:g} s")  # fmt: skip
+        return FaultRecord("parked_kill", at, time.monotonic(), worker.info.name, detail, pids)
 
     def redis_stall(self, fault: PlannedFault) -> FaultRecord:
         """SIGSTOP the lock Redis for ``seconds`` (its data is kept), then SIGCONT."""

@@ -129,6 +129,10 @@ class Mode:
     #: ``lock_weight`` with ``limits``: an int, or a callable of the bound arguments
     #: (``key``, ``n``, ``seconds``, ``fail``, as keywords) returning one.
     weight: int | Callable[..., int] = 1
+    #: A call that a stacked limit or its rate holds back waits in the lock Redis (parked
+    #: under park; in queue scope it comes back with its hold), never in a worker: set from
+    #: the options (see ``celery_singleton_lock.modes.held``).
+    held_back: bool = False
     extra: Mapping[str, Any] = field(default_factory=dict)
 
 
@@ -142,6 +146,12 @@ def _mode(name: str, summary: str, terminals: str, **kwargs: Any) -> Mode:
     # the copy stores ResultLost.
     if kwargs.get("once_per_id") or options.get("lock_on_conflict") == "park":
         terminals += " result_lost"
+    policy = options.get("lock_on_conflict", "skip")
+    limited = bool(kwargs.get("limits"))
+    kwargs["held_back"] = (
+        (policy == "park" and (limited or "lock_rate_limit" in options))
+        or (kwargs.get("scope") == "queue" and limited and policy not in ("raise", "wait"))
+    )  # fmt: skip
     return Mode(name, summary, MappingProxyType(options), frozenset(terminals.split()), **kwargs)
 
 

@@ -43,6 +43,8 @@ __all__ = ["HEADER_DEBOUNCE", "Recorded", "Recorder"]
 
 #: The message header carrying a debounced call's burst generation (the package's).
 HEADER_DEBOUNCE = "singleton_lock_debounce"
+#: The message header counting the retries the lock itself asked for (the package's).
+HEADER_LOCK_RETRIES = "singleton_lock_retries"
 #: How often a body checks its lease (seconds).
 STEP = 0.05
 #: The lock signals recorded, with the fields kept from each.
@@ -53,6 +55,7 @@ RECORDED_SIGNALS = (
     "lock_throttled",
     "lock_lost",
     "lock_conflict",
+    "lock_parked",
 )
 
 
@@ -229,6 +232,9 @@ class Recorder:
                 "task_id": str(request.id), "name": request.name, "worker": self.worker,
                 "t": time.monotonic(),
                 "generation": int(generation) if generation is not None else None,
+                "redelivered": bool(headers.get("redelivered")),
+                "eta": bool(headers.get("eta")),
+                "lock_retries": int(headers.get(HEADER_LOCK_RETRIES) or 0),
             },
         )  # fmt: skip
 
@@ -236,7 +242,8 @@ class Recorder:
         headers = headers or {}
         if self.ours(headers.get("task")) and headers.get("id"):
             record = {"task_id": str(headers["id"]), "name": headers["task"],
-                      "t": time.monotonic(), "worker": self.worker}  # fmt: skip
+                      "t": time.monotonic(), "worker": self.worker,
+                      "eta": bool(headers.get("eta"))}  # fmt: skip
             self._push("published", record)
 
     def _prerun(self, sender: Any = None, task_id: Any = None, **_: Any) -> None:
@@ -259,6 +266,37 @@ class Recorder:
         """The fault injector is about to SIGKILL ``pids`` (recorded first)."""
         for pid in pids:
             self._push("kills", {"pid": pid, "t": at, "kind": kind})
+
+    def parked_now(self) -> list[tuple[SignalRecord, str | None]]:
+        """The last ``lock_parked`` of each call that has not been published again nor
+        started a body since (it waits, parked), with the worker that last took a message
+        of that call off the broker (None: none did): for the fault injector to kill that
+        worker while the call waits. An ETA message published for it (a retry with a
+        countdown) does not end the wait: that is how a call waits in a worker. Calls held
+        back by a limit or a rate (position 0) come first, oldest first."""
+        client = self.client()
+        parked: dict[str, SignalRecord] = {}
+        for raw in client.lrange(self.key("signals"), 0, -1):
+            record = SignalRecord(**json.loads(raw))
+            if record.signal == "lock_parked" and record.task_id:
+                parked[record.task_id] = record
+        for raw in client.lrange(self.key("published"), 0, -1):
+            sent = json.loads(raw)
+            found = parked.get(sent["task_id"])
+            if found is not None and sent["t"] > found.t and not sent.get("eta"):
+                del parked[sent["task_id"]]
+        for raw in client.lrange(self.key("starts"), 0, -1):
+            start = json.loads(raw)
+            found = parked.get(start["task_id"])
+            if found is not None and start["start"] > found.t:
+                del parked[start["task_id"]]
+        taken: dict[str, str] = {}
+        for raw in client.lrange(self.key("received"), 0, -1):
+            receipt = json.loads(raw)
+            if receipt["task_id"] in parked:
+                taken[receipt["task_id"]] = receipt["worker"]
+        ordered = sorted(parked.values(), key=lambda r: (r.fields.get("position") != 0, r.t))
+        return [(record, taken.get(str(record.task_id))) for record in ordered]
 
     def kills(self) -> list[Kill]:
         """The kills recorded so far."""

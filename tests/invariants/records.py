@@ -115,6 +115,11 @@ class Receipt:
     worker: str
     t: float
     generation: int | None = None  # the debounce generation the message carries
+    #: The broker brought the message back (kombu's Redis transport restores what a dead
+    #: worker left unacknowledged, marked ``redelivered``).
+    redelivered: bool = False
+    eta: bool = False  # the message has an ETA (a countdown)
+    lock_retries: int = 0  # the retries the lock itself asked for (its header)
 
 
 @dataclass
@@ -126,6 +131,7 @@ class Publish:
     name: str
     t: float
     worker: str
+    eta: bool = False  # with an ETA (a countdown): it waits in the worker that takes it
 
 
 @dataclass

@@ -14,9 +14,11 @@ What makes a scenario hard on the modes:
   headers), and ``acks_late`` + ``reject_on_worker_lost`` redeliver what a killed pool
   process was running;
 - **faults**: SIGKILL of a pool process running a body (``child_kill``) or of a whole worker,
-  started again (``worker_kill``); SIGSTOP of the lock Redis for 0.5-3.5 s, then SIGCONT
-  (``redis_stall``, shorter than the lease: no lock may be lost); and, in scenarios of the
-  restart class only, the lock Redis restarted empty on its port (``redis_restart``).
+  started again (``worker_kill``; ``parked_kill`` waits until a call is parked first, in
+  every scenario with a mode whose calls a limit or a rate holds back); SIGSTOP of the
+  lock Redis for 0.5-3.5 s, then SIGCONT (``redis_stall``, shorter than the lease: no
+  lock may be lost); and, in scenarios of the restart class only, the lock Redis restarted
+  empty on its port (``redis_restart``).
 """
 
 from __future__ import annotations
@@ -33,7 +35,14 @@ from tests.invariants.records import WorkerInfo
 __all__ = ["FAULT_KINDS", "PlannedCall", "PlannedFault", "Scenario", "generate"]
 
 #: Fault kinds, in the order the figures list them.
-FAULT_KINDS = ("child_kill", "worker_kill", "redis_stall", "redis_restart", "duplicate_publish")
+FAULT_KINDS = (
+    "child_kill",
+    "worker_kill",
+    "parked_kill",
+    "redis_stall",
+    "redis_restart",
+    "duplicate_publish",
+)
 #: The lease of every task (seconds): longer than any stall, so no stall may cost a lock.
 LEASE = 8.0
 #: The broker's visibility timeout (seconds): longer than any countdown or backlog wait.
@@ -189,9 +198,15 @@ def generate(
         seconds = 0.0
         if kind == "redis_stall":
             seconds = round(rng.uniform(0.5, 3.5), 2)
-        elif kind == "worker_kill":
+        elif kind in ("worker_kill", "parked_kill"):
             seconds = round(rng.uniform(0.3, 1.5), 2)
         planned.append(PlannedFault(round(rng.uniform(1.0, length + 1.0), 2), kind, seconds,
                                     rng.random()))  # fmt: skip
+    if faults is None and any(MODES[name].held_back for name in names):
+        # A mode whose calls a limit or a rate holds back: a worker is also killed while
+        # calls wait parked (drawn after everything else, so the rest of the plan is what
+        # the seed gave before this fault existed).
+        planned.append(PlannedFault(round(rng.uniform(1.0, length), 2), "parked_kill",
+                                    round(rng.uniform(0.3, 1.5), 2), rng.random()))  # fmt: skip
     planned.sort(key=lambda fault: fault.at)
     return Scenario(seed, names, workers, calls, planned, length, restart_class)

@@ -306,6 +306,24 @@ def test_a_message_a_killed_worker_took_off_the_broker_is_counted_apart() -> Non
     assert r.kinds() == ["lost"]  # the retry was received: the lock must not lose it
 
 
+def test_a_message_gone_from_the_broker_unreceived_went_with_a_killed_worker() -> None:
+    """A call published long before a whole worker was killed, never received, and not in
+    the broker at the end (neither queued nor unacknowledged) was taken off the queue by
+    the killed worker's consumer (it waited there until then): the transport's. Still in
+    the broker, or with no kill after its publish, it is lost by the lock."""
+    r = Records()
+    call = r.call("park_limit2_rate", 5.0)
+    r.obs.published.append(Publish(call.own_id, "inv.park_limit2_rate", 5.005, "driver"))
+    r.obs.faults.append(FaultRecord("parked_kill", 8.3, 9.4, "w1"))
+    r.obs.notes["broker_left"] = {}
+    assert r.kinds() == ["lost_in_transport"]
+    r.obs.notes["broker_left"] = {call.own_id: "queued"}
+    assert r.kinds() == ["lost"]
+    r.obs.notes["broker_left"] = {}
+    r.obs.faults[0] = FaultRecord("parked_kill", 3.0, 4.0, "w1")
+    assert r.kinds() == ["lost"]
+
+
 def test_a_throttled_retry_comes_back_at_the_next_free_start() -> None:
     r = Records()
     call = r.call("rate_retry", 1.0)
@@ -462,3 +480,55 @@ def test_the_limits_are_read_from_the_mode() -> None:
     assert [(v.kind, v.key) for v in verdict.violations] == [("limit_exceeded", "tenant:k0")]
     r.obs.faults.append(FaultRecord("redis_restart", 1.2, 1.3))
     assert check(r.obs, {"mine": mine}).safe == []
+
+
+def _parked_then_killed(r: Records, redelivered: bool, *, kill_after: float = 2.0) -> Call:
+    """A stack_park call parked at 2.0 s; its worker killed ``kill_after`` s later; its
+    next message received 12 s after the kill (a redelivery, or a fresh publish), then it
+    ran."""
+    call = r.call("stack_park", 1.0)
+    r.obs.published.append(Publish(call.own_id, "inv.stack_park", 1.0, "driver"))
+    r.obs.receipts.append(Receipt(call.own_id, "inv.stack_park", "w1", 1.1))
+    r.obs.signals.append(SignalRecord("lock_parked", "k0", call.own_id, 2.0, 11))
+    kill = 2.0 + kill_after
+    r.obs.faults.append(FaultRecord("parked_kill", kill, kill + 1.0, "w1", "", [10, 11]))
+    if redelivered:  # the countdown retry the killed worker kept comes back
+        r.obs.published.append(Publish(call.own_id, "inv.stack_park", 1.9, "w1", eta=True))
+        back = Receipt(call.own_id, "inv.stack_park", "w1", kill + 12.0, redelivered=True,
+                       eta=True, lock_retries=1)  # fmt: skip
+    else:  # published from the lock Redis once its limit had room
+        r.obs.published.append(Publish(call.own_id, "inv.stack_park", kill + 3.0, "w1"))
+        back = Receipt(call.own_id, "inv.stack_park", "w1", kill + 3.1)
+    r.obs.receipts.append(back)
+    r.ran(call, back.t + 0.1, back.t + 0.5)
+    return call
+
+
+def test_a_parked_call_that_waited_in_its_killed_worker_is_flagged() -> None:
+    """A call parked when its whole worker was killed that came back as the broker's
+    redelivery of a countdown retry waited in that worker: parked_in_worker. One published
+    again from the lock Redis is fine, and so is a redelivery right after it parked (its
+    message may not have been acknowledged yet)."""
+    r = Records()
+    _parked_then_killed(r, redelivered=True)
+    assert r.kinds() == ["parked_in_worker"]
+    r = Records()
+    _parked_then_killed(r, redelivered=False)
+    assert r.kinds() == []
+    r = Records()
+    _parked_then_killed(r, redelivered=True, kill_after=0.1)
+    assert r.kinds() == []
+
+
+def test_scenarios_of_held_back_modes_kill_a_worker_while_calls_are_parked() -> None:
+    """A scenario with a mode whose calls a limit or a rate holds back also kills a whole
+    worker while calls wait parked (drawn last: the seed gives the same calls with or
+    without it); a scenario without such a mode does not."""
+    from tests.invariants.scenario import generate  # noqa: PLC0415 - the generator
+
+    spec = generate(900, modes=["stack_park", "stack_park_queue"], restarts=False)
+    assert [f.kind for f in spec.faults].count("parked_kill") == 1
+    plain = generate(900, modes=["stack_park", "stack_park_queue"], restarts=False,
+                     faults=[f.kind for f in spec.faults if f.kind != "parked_kill"])  # fmt: skip
+    assert [(c.at, c.n, c.key) for c in plain.calls] == [(c.at, c.n, c.key) for c in spec.calls]
+    assert "parked_kill" not in {f.kind for f in generate(900, modes=["park", "run_skip"]).faults}

@@ -49,7 +49,7 @@ SCENARIOS = {
     ),
     "park": (
         2107, ["park", "park_queue", "park_order", "park_limit2_rate"],
-        ["child_kill", "worker_kill", "redis_stall"], False,
+        ["child_kill", "worker_kill", "parked_kill", "redis_stall"], False,
     ),
     "restart": (
         2106, ["coalesce", "debounce", "rate_retry", "success_run", "queue_skip"],

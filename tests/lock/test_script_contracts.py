@@ -20,7 +20,7 @@ import redis.asyncio
 
 from celery_singleton_lock import RedisLock
 from celery_singleton_lock.aio import AsyncRedisLock
-from celery_singleton_lock.engine import atomic
+from celery_singleton_lock.engine import atomic, beat
 from celery_singleton_lock.engine.keyspace import DONE, companion_key
 from celery_singleton_lock.engine.scripted import extend_all
 from celery_singleton_lock.engine.scripts import SCRIPTS, Arity, arity, contract
@@ -194,6 +194,35 @@ def drive_every_wrapper(client: redis.Redis, url: str) -> None:
     assert stacked.acquire(blocking=False)
     atomic.park_release(stacked, 5000)
     atomic.index_drop(client, f"{{{tag}}}~parking", "task\nkey", before=0)
+
+    # Calls held back until they fit (a limit full, then a window).
+    full = [RedisLock(client, f"{prefix}:job{i}:{{{prefix}:stack}}", timeout=5, stack=stack)
+            for i in range(4)]  # fmt: skip
+    assert all(lock.acquire(blocking=False) for lock in full)
+    base = stack_base(prefix)
+    assert atomic.held_park(client, base, "task-15", key=stacked_name, payload=b"t\ncall",
+                            keep_ms=60_000, stack=stack, place="q-task-15",
+                            place_ms=5000) == "global"  # fmt: skip
+    assert atomic.held_park(client, base, "task-16", key=name, payload=b"t\ncall",
+                            keep_ms=60_000, due_ms=60_000) == ""  # fmt: skip
+    for lock in full:
+        lock.release()
+    for tasks in ((), ("t", "u")):
+        atomic.held_sweep(client, base, restart_ms=60_000, place_ms=5000, travel_ms=5000,
+                          most=10, tasks=tasks)  # fmt: skip
+    assert atomic.held_started(client, base, "task-15")
+
+    # A beat group: a leader's claim, sent and given back, and the replicas' heartbeats.
+    keys = beat.BeatKeys(f"sc:beat:{{{tag}b}}")
+    leader = RedisLock(client, keys.leader, timeout=5)
+    assert leader.acquire(blocking=False)
+    token, fence = leader.token or "", leader.fencing_token or 0
+    for slot_ms, sent in ((1_000, True), (2_000, False)):
+        beat.claim(client, keys, token=token, fence=fence, entry="tick", slot_ms=slot_ms,
+                   send=True, keep_ms=60_000)  # fmt: skip
+        beat.settle(client, keys, entry="tick", slot_ms=slot_ms, fence=fence, sent=sent)
+    beat.presence(client, keys, replica="r1", info="{}", ttl_ms=5000, keep_ms=60_000)
+    beat.leave(client, keys, replica="r1", keep_ms=60_000)
 
     # The asyncio lock builds its calls with the same code; its calls are checked too.
     async def aio() -> None:

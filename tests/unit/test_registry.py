@@ -50,6 +50,7 @@ def test_every_lifetime_but_the_default_is_a_mode() -> None:
         ({"rate_limit": "3/s"}, "rate_limit"),
         ({"scope": "queue", "release": "start"}, "start"),
         ({"release": "success", "hold": 2.0}, "success"),
+        ({"scope": "queue", "limits": (("all", 3),)}, "held"),
     ],
 )
 def test_each_mode_applies_to_its_options_only(changes: dict[str, object], mode: str) -> None:
@@ -67,7 +68,36 @@ def test_the_modes_page_documents_every_policy_and_mode_option() -> None:
     for option in ("lock_debounce", "lock_rate_limit", "lock_release", "lock_hold", "lock_order"):
         assert option in text, option
     names = {kind.__name__ for kind in MODES}
-    assert names == {"Debounce", "Order", "Throttle", "ReleaseAtStart", "HoldAfterSuccess"}
+    assert names == {
+        "Debounce",
+        "Order",
+        "HoldBack",
+        "Throttle",
+        "ReleaseAtStart",
+        "HoldAfterSuccess",
+    }
+
+
+@pytest.mark.parametrize(
+    ("changes", "held"),
+    [
+        ({"on_conflict": "park", "limits": (("all", 3),)}, True),
+        ({"on_conflict": "park", "rate_limit": "3/s"}, True),
+        ({"on_conflict": "park"}, False),
+        ({"scope": "queue", "on_conflict": "coalesce", "limits": (("all", 3),)}, True),
+        ({"scope": "queue", "on_conflict": "raise", "limits": (("all", 3),)}, False),
+        ({"limits": (("all", 3),)}, False),
+        ({"rate_limit": "3/s", "on_conflict": "retry"}, False),
+    ],
+)
+def test_calls_are_held_back_in_redis_only_where_they_come_back(
+    changes: dict[str, object], held: bool
+) -> None:
+    """The held-back mode (modes.held) is on where a call a limit or a rate holds back comes
+    back later (park; queue scope with limits, but for raise and wait), and only there: a
+    task without it pays nothing for it."""
+    options = dataclasses.replace(opt.LockOptions(), **changes)  # type: ignore[arg-type]
+    assert ("held" in {type(mode).name for mode in plan_for(options).modes}) is held
 
 
 def test_every_rule_is_checked_once() -> None:
@@ -78,13 +108,17 @@ def test_every_rule_is_checked_once() -> None:
 
 
 def test_the_park_figures_of_the_modes_page_are_the_code_s() -> None:
-    """docs/modes.md quotes the sweep's interval and the hand-off restart from the code."""
+    """docs/modes.md quotes the sweep's interval and the hand-off restarts (of a parked
+    call handed its key, of a held-back call handed out) from the code."""
+    from celery_singleton_lock.modes.held import HELD_RESTART  # noqa: PLC0415
     from celery_singleton_lock.modes.park import GRANT_RESTART  # noqa: PLC0415
     from celery_singleton_lock.runtime.sweep import SWEEP_INTERVAL  # noqa: PLC0415
 
     text = " ".join((DOCS / "modes.md").read_text().split())
     assert f"every {SWEEP_INTERVAL:g} s (`runtime.sweep.SWEEP_INTERVAL`" in text
     assert f"within {GRANT_RESTART:g} s (`modes.park.GRANT_RESTART`" in text
+    assert f"after {HELD_RESTART:g} s (`modes.held.HELD_RESTART`" in text
+    assert f"every {SWEEP_INTERVAL:g} s or so" in text
 
 
 def test_the_follow_up_figures_of_the_modes_page_are_the_code_s() -> None:

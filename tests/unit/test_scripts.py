@@ -25,7 +25,8 @@ NAMES = {
     "acquire", "acquire_slots", "release", "extend", "throttle", "hold", "followup_call",
     "followup_hand_over", "followup_replace", "debounce_join", "debounce_run", "park",
     "park_release", "park_sweep", "park_started", "order_take", "order_turn", "order_leave",
-    "index_drop", "stack_line",
+    "index_drop", "stack_line", "held_park", "held_sweep", "held_started",
+    "beat_claim", "beat_settle", "beat_presence",
 }  # fmt: skip
 
 

@@ -7,7 +7,8 @@ in :data:`SCRIPTS`; only the engine runs them (:mod:`..scripted` for the lock it
 Rendering: a line ``--@include NAME`` becomes the text of ``lib/NAME.lua`` (rendered the
 same way; each include appears once per script, where it is first asked for), and every
 ``${NAME}`` becomes its value: a constant of :mod:`..constants`, ``MAX_EXACT`` of
-:mod:`..value`, or ``K_<NAME>`` for the companion-key suffix ``keyspace.SUFFIXES[NAME]``.
+:mod:`..value`, ``K_<NAME>`` for the companion-key suffix ``keyspace.SUFFIXES[NAME]``, or
+``S_<NAME>`` for the suffix ``stack.STACK_SUFFIXES[NAME]`` of a key under a stack's base.
 An unknown name or include fails the import. The includes:
 
 - ``clock``: ``clock()`` -> server now in ms, in µs, and the TIME reply;
@@ -21,7 +22,9 @@ An unknown name or include fails the import. The includes:
 - ``pending``: ``pend``, the pending follow-up of coalesce / replace (with ``held``);
 - ``write``: ``write(key, token, fence, info, now, lease)``, a lock written for a new owner;
 - ``stack``: stacked limits (``RedisLock(stack=...)``): a hold's weighted shares of several
-  limits, taken with its key or not at all, and the lines of the runs waiting for room.
+  limits, taken with its key or not at all, and the lines of the runs waiting for room;
+- ``held``: the calls a limit or a rate holds back, kept under the stack's base until they
+  fit, and the wake-up a release of a share gives a worker's sweep of them.
 
 Lock value layout (``:`` separated, holder info last)::
 
@@ -61,6 +64,7 @@ import redis
 
 from celery_singleton_lock.engine import constants
 from celery_singleton_lock.engine.keyspace import SUFFIXES
+from celery_singleton_lock.engine.stack import STACK_SUFFIXES
 from celery_singleton_lock.engine.value import MAX_EXACT
 from celery_singleton_lock.engine.wire import LockClient
 
@@ -83,6 +87,10 @@ def _values() -> dict[str, str]:
         if not re.fullmatch(r"[a-z:]+", suffix):  # written inside Lua quotes
             raise ValueError(f"companion-key suffix {suffix!r} cannot be written into Lua")
         values[f"K_{name}"] = suffix
+    for name, suffix in STACK_SUFFIXES.items():
+        if not re.fullmatch(r"[a-z:]+", suffix):
+            raise ValueError(f"stack key suffix {suffix!r} cannot be written into Lua")
+        values[f"S_{name}"] = suffix
     return values
 
 
@@ -205,7 +213,9 @@ def _register() -> Mapping[str, Script]:
 
 #: Every script of the engine, by name (the ``.lua`` file's name): acquire, acquire_slots,
 #: release, extend, throttle, hold, followup_call, followup_hand_over, followup_replace,
-#: debounce_join, debounce_run, the park and order scripts, stack_line.
+#: debounce_join, debounce_run, the park and order scripts, stack_line, the scripts of
+#: held-back calls (held_park, held_sweep, held_started), and the beat group's beat_claim,
+#: beat_settle and beat_presence.
 SCRIPTS: Mapping[str, Script] = _register()
 
 

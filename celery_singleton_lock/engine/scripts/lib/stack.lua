@@ -21,6 +21,8 @@
 -- of the line, those whose weight can fit at all): so light runs that keep coming never
 -- pass a heavy one for ever; it gets in once the shares ahead of it drain.
 
+--@include holdback
+
 -- stack_spec(text) -> the decoded spec, or nil for none ('' or absent)
 local function stack_spec(text)
   if text == nil or text == '' then return nil end
@@ -162,7 +164,9 @@ end
 
 -- stack_drop(base, token) -> true when the hold had a stack: its shares and record go, and
 -- the waiters in each limit's line get word (one wake-up for each of the first
--- STACK_AHEAD: all of them try again, and the line's order decides who gets in)
+-- STACK_AHEAD: all of them try again, and the line's order decides who gets in); when
+-- someone waits in a line, a worker's sweep of the calls held back in the lock Redis
+-- (lib/holdback.lua) is woken too
 local function stack_drop(b, token)
   local record = b .. '${K_STACK}' .. token
   local text = redis.call('GET', record)
@@ -171,9 +175,11 @@ local function stack_drop(b, token)
   local ok, spec = pcall(cjson.decode, text)
   if not ok or type(spec) ~= 'table' or type(spec.l) ~= 'table' then return true end
   local mine = math.floor(tonumber(spec.w) or 1) .. ':' .. token
+  local waited = false
   for _, limit in ipairs(spec.l) do
     redis.call('ZREM', limit[1], mine)
     local waiting = limit[6] and math.min(${STACK_AHEAD}, redis.call('ZCARD', limit[6])) or 0
+    if waiting > 0 then waited = true end
     if limit[5] and waiting > 0 then
       local wakes = {}
       for k = 1, waiting do wakes[k] = '1' end
@@ -181,6 +187,9 @@ local function stack_drop(b, token)
       redis.call('PEXPIRE', limit[5], ${SIGNAL_TTL_MS})
     end
   end
+  -- a call held back in the lock Redis keeps a place in the line of each limit that holds
+  -- it back: with nobody in those lines, there is nobody to wake
+  if waited and type(spec.c) == 'string' then held_wake(held_base(spec)) end
   return true
 end
 
