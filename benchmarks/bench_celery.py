@@ -1012,7 +1012,9 @@ def hot_path_report(
             f"({100 * found['ours_cpu_us'] / found['pool_cpu_us']:.0f} %: the share moves less "
             "with the machine's load than the µs); cProfile: "
             f"{num(float(run.get('ours_calls', math.nan)), 1)} calls into our functions per "
-            "task. Where it goes: python -m benchmarks.profile_task --kinds csl-run",
+            f"task, their own time {num(float(run.get('ours_self_us', math.nan)), 0)} µs "
+            "(target <= 100; inflated by a cost per call and by waits for a CPU). Where it "
+            "goes: python -m benchmarks.profile_task --kinds csl-run",
         ]
     elif profile:
         lines += ["", f"Profile: {found.get('status') or run.get('status') or profile}"]

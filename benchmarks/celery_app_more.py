@@ -138,8 +138,8 @@ class Sampler:
     after each ``SAMPLE_INTERVAL`` of this process's CPU time, and each signal counts the
     code object Python is running when it handles it. Self-time attribution: a built-in
     counts in the Python function that called it. Unlike cProfile's own time it adds no cost
-    per call and does not count the time the process waits for a CPU, so a loaded machine
-    does not inflate it."""
+    per call and leaves out the time the process waits for a CPU (a loaded machine still
+    makes the CPU time itself longer)."""
 
     def __init__(self) -> None:
         self.counts: Counter[Any] = Counter()

@@ -18,24 +18,25 @@ whole; cProfile's own overhead inflates Python-heavy groups alike for every task
 read the differences to the plain task. A second table lists our functions by inclusive
 time per task.
 
-Issue 32's figure, "our own Python per task in the pool" (``sampled``, ``ours_cpu_us``),
-comes from a second drain of ours (run and queue scope, ``--sample-tasks``) with each pool
-process under a CPU-time sampler instead of cProfile (``celery_app_more.Sampler``:
-``SIGPROF`` after every period of the process's CPU time, each signal counting the Python
-function running when it is handled). Self-time attribution: the CPU time of the samples
-that fell in functions defined in ``celery_singleton_lock/``; a built-in counts in the
-Python function that called it; what our code calls in redis-py, the socket, kombu,
-billiard or Celery is not in it. A sample stands for the CPU time the dumps cover divided
-by their samples; the standard error is the Poisson one of our samples. Why not cProfile's
-own time: cProfile adds a cost to every call, and its clock runs while the process waits
-for a CPU, so on a busy 2-CPU machine (the worker's main process, two pool processes and
-Redis already share it) the same code measures several times slower. cProfile's figures
-stay beside it, from the first drain: the own time (``tottime``) of our functions
-(``ours_self_us``, what the issue's 360 µs was), the own time of built-ins and
-standard-library functions on calls from our frames (``ours_callees_us``, from cProfile's
-per-caller records), the calls into our functions per task (``ours_calls``, a count that
-does not depend on the machine's speed or load) and every one of our functions with its
-calls and times (``ours_functions``; the section lists the 15 with the most sampled CPU,
+Issue 32's figure, "our own Python per task in the pool", is measured two ways and
+``targets32`` judges both. The first (``sampled``, ``ours_cpu_us``) comes from a second
+drain of ours (run and queue scope, ``--sample-tasks``) with each pool process under a
+CPU-time sampler instead of cProfile (``celery_app_more.Sampler``: ``SIGPROF`` after every
+period of the process's CPU time, each signal counting the Python function running when
+it is handled). Self-time attribution: the CPU time of the samples that fell in functions
+defined in ``celery_singleton_lock/``; a built-in counts in the Python function that
+called it; what our code calls in redis-py, the socket, kombu, billiard or Celery is not
+in it. A sample stands for the CPU time the dumps cover divided by their samples; the
+standard error is the Poisson one of our samples. Why not cProfile's own time alone:
+cProfile adds a cost to every call, and its clock runs while the process waits for a CPU,
+so on a busy 2-CPU machine (the worker's main process, two pool processes and Redis
+already share it) the same code measures several times slower. The second is cProfile's,
+from the first drain: the own time (``tottime``) of our functions (``ours_self_us``, what
+the issue's 360 µs was), and beside it the own time of built-ins and standard-library
+functions on calls from our frames (``ours_callees_us``, from cProfile's per-caller
+records), the calls into our functions per task (``ours_calls``, a count that does not
+depend on the machine's speed or load) and every one of our functions with its calls and
+times (``ours_functions``; the section lists the 15 with the most sampled CPU,
 ``top_table``).
 """
 
@@ -465,9 +466,9 @@ def section(
 
 
 def own_python_table(results: dict[str, Result], kinds: Sequence[tuple[str, str]]) -> list[str]:
-    """Issue 32's "our own Python per task in the pool", per kind: the sampled CPU (the
-    judged figure), cProfile's own time and calls, and what our frames call in built-ins
-    and the standard library."""
+    """Issue 32's "our own Python per task in the pool", per kind: the sampled CPU and
+    cProfile's own time (both judged), cProfile's calls, and what our frames call in
+    built-ins and the standard library."""
 
     def cells(field: str, digits: int) -> str:
         return " | ".join(_fmt(results[k].get(field), digits) for k, _ in kinds)
@@ -483,29 +484,31 @@ def own_python_table(results: dict[str, Result], kinds: Sequence[tuple[str, str]
         return " | ".join(out)
 
     return [
-        "Our own Python per task in the pool (issue 32). Judged: the CPU time in functions "
-        "of `celery_singleton_lock/`, from a second drain of the same kind with each pool "
+        "Our own Python per task in the pool (issue 32), judged two ways. First, the CPU "
+        "time in functions of `celery_singleton_lock/`, from a second drain of the same "
+        "kind with each pool "
         "process under a CPU-time sampler instead of cProfile (`SIGPROF` every "
         "`ITIMER_PROF` period of the process's CPU time, the kernel's tick; each signal "
         "counts the Python function running when it is handled, a built-in counting in "
         "the function that called it; a sample stands for the CPU time covered divided by "
         "the samples; ± is the Poisson standard error of our samples). It adds no cost per "
-        "call and does not count time spent waiting for a CPU, so a busy machine does not "
-        "inflate it. Beside it, from the cProfile drain: the own time (`tottime`) of our "
+        "call and leaves out the time spent waiting for a CPU (a busy machine still makes "
+        "the CPU time itself longer; the share of the pool process's CPU moves less). "
+        "Second, from the cProfile drain, the own time (`tottime`) of our "
         "functions (what the issue's 360 µs was; cProfile's cost per call and any wait for "
-        "a CPU are in it), the calls into our functions (a count, the same on any machine), "
-        "and the own time of built-ins and standard-library functions on calls from our "
-        "frames. What our code calls in redis-py, the socket, kombu, billiard or Celery is "
-        "in none of them.",
+        "a CPU are in it); beside them the calls into our functions (a count, the same on "
+        "any machine), and the own time of built-ins and standard-library functions on "
+        "calls from our frames. What our code calls in redis-py, the socket, kombu, "
+        "billiard or Celery is in none of them.",
         "",
         "| our own Python, per task | " + " | ".join(label for _, label in kinds) + " |",
         "|---|" + "---:|" * len(kinds),
-        "| **CPU in our functions, µs (sampler; judged)** | "
+        "| **CPU in our functions, µs (sampler)** | "
         + sampled_cells("ours_cpu_us", 0, "ours_cpu_err_us")
         + " |",
         f"| pool process CPU, µs (sampled drain) | {sampled_cells('pool_cpu_us', 0)} |",
         f"| tasks sampled | {sampled_cells('tasks_sampled', 0)} |",
-        f"| own time of our functions under cProfile, µs | {cells('ours_self_us', 0)} |",
+        f"| **own time of our functions under cProfile, µs** | {cells('ours_self_us', 0)} |",
         f"| calls into our functions | {cells('ours_calls', 1)} |",
         "| built-ins and standard library called from our frames under cProfile, µs | "
         f"{cells('ours_callees_us', 0)} |",

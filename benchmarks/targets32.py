@@ -1,8 +1,9 @@
 """Issue 32's targets, evaluated on one run's results (pure: no Redis, no Celery).
 
 ``rows(celery, profile, memory, hotkey)`` gives one row per line of the issue's "How it is
-judged" table (the 5 ms-body and lock-CPU lines split by scope), plus run scope's round
-trips beside queue scope's: what is measured, the measured figure, the target, and
+judged" table (the 5 ms-body and lock-CPU lines split by scope, our own Python measured by
+the CPU-time sampler and by cProfile, each judged), plus run scope's round trips beside
+queue scope's: what is measured, the measured figure, the target, and
 ``met`` / ``MISSED`` / ``not measured`` (a figure that is NaN or missing is never judged).
 The inputs are ``bench_celery.summarise``'s summary (drain ratios paired per repetition,
 lock CPU, the MONITOR audit), ``profile_task``'s results per kind, ``bench_memory``'s
@@ -123,24 +124,39 @@ def _cpu_rows(celery: dict[str, Result]) -> list[Row]:
     return out
 
 
-def _profile_row(profile: dict[str, Result]) -> Row:
+def _profile_rows(profile: dict[str, Result]) -> list[Row]:
+    """Our own Python per task, measured two ways, each judged: the CPU-time sampler
+    (CPU time: no cost per call added, no wait for a CPU counted) and cProfile's own
+    time (the measure of the issue's 360 µs, inflated by both), so that neither scale is
+    chosen for the verdict after the fact."""
     run = profile.get("csl-run") or {}
     found = run.get("sampled") or {}
     cpu = _float(found.get("ours_cpu_us")) if found.get("status") == "ok" else NAN
     err, pool = _float(found.get("ours_cpu_err_us")), _float(found.get("pool_cpu_us"))
     share = cpu / pool if pool else NAN
-    queue = ((profile.get("csl-queue") or {}).get("sampled") or {}).get("ours_cpu_us")
-    return Row(
-        "our own Python per task in the pool, default options (run scope; CPU in "
-        "`celery_singleton_lock` functions by a CPU-time sampler, redis-py, socket and "
-        "Celery excluded)",
-        f"{_num(cpu, 0)} ± {_num(err, 0)} µs ({_num(100 * share, 0)} % of the pool process's "
-        f"{_num(pool, 0)} µs); cProfile: {_num(_float(run.get('ours_calls')), 1)} calls into "
-        f"our functions, their own time {_num(_float(run.get('ours_self_us')), 0)} µs; queue "
-        f"scope {_num(_float(queue), 0)} µs",
-        "≤ 100 µs",
-        judge([cpu], lambda: cpu <= 100),
-    )
+    queue = profile.get("csl-queue") or {}
+    queue_cpu = _float((queue.get("sampled") or {}).get("ours_cpu_us"))
+    own = _float(run.get("ours_self_us"))
+    label = "our own Python per task in the pool, default options (run scope; "
+    return [
+        Row(
+            label + "CPU in `celery_singleton_lock` functions by a CPU-time sampler, "
+            "redis-py, socket and Celery excluded)",
+            f"{_num(cpu, 0)} ± {_num(err, 0)} µs ({_num(100 * share, 0)} % of the pool "
+            f"process's {_num(pool, 0)} µs); queue scope {_num(queue_cpu, 0)} µs",
+            "≤ 100 µs",
+            judge([cpu], lambda: cpu <= 100),
+        ),
+        Row(
+            label + "own time of `celery_singleton_lock` functions under cProfile, the "
+            "issue's measure, inflated by a cost per call and by waits for a CPU)",
+            f"{_num(own, 0)} µs, {_num(_float(run.get('ours_calls')), 1)} calls into our "
+            f"functions; queue scope {_num(_float(queue.get('ours_self_us')), 0)} µs, "
+            f"{_num(_float(queue.get('ours_calls')), 1)} calls",
+            "≤ 100 µs",
+            judge([own], lambda: own <= 100),
+        ),
+    ]
 
 
 def _round_trip_rows(celery: dict[str, Result]) -> list[Row]:
@@ -208,7 +224,7 @@ def rows(
         *drain_rows(celery),
         *_five_ms_rows(celery),
         *_cpu_rows(celery),
-        _profile_row(profile or {}),
+        *_profile_rows(profile or {}),
         *_round_trip_rows(celery),
         _hotkey_row(hotkey),
         _memory_row(memory),
