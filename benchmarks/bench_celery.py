@@ -1,11 +1,18 @@
 """Celery task benchmark: drain throughput of trivial locked tasks on a real worker.
 
-Run ``python -m benchmarks.bench_celery [--quick] [--runs N] [--tasks 2000]``.
+Run ``python -m benchmarks.bench_celery [--quick] [--runs N] [--tasks 2000] [--seed N]``,
+or, while working on the hot path, ``python -m benchmarks.bench_celery --hot-path --reps 3``:
+the trivial-body drain ratios of plain, the floor, ours in run and queue scope,
+celery-singleton and celery-once, and the profile figure of our own Python per task
+(``benchmarks.profile_task``), nothing else; it prints how long it took.
 
-Contenders (tasks of ``benchmarks.celery_app``): a plain ``Task``; ``LockedTask`` in run
-scope and in queue scope; celery-singleton's ``Singleton``; celery-once's ``QueueOnce``;
-and ``LockedTask`` run scope with a 3 s lease, whose lease renewer reaches within the drain
-the steady state that a long-running worker with the default 30 s lease reaches after 10 s.
+Contenders (tasks of ``benchmarks.celery_app`` and ``celery_app_more``): a plain ``Task``;
+the floor of a run-scope lock (issue 32: a plain task whose body takes ``SET NX PX`` and
+releases with a Lua compare-and-delete, no integration); ``LockedTask`` in run scope and in
+queue scope; celery-singleton's ``Singleton``; celery-once's ``QueueOnce``; ``LockedTask``
+run scope with a 3 s lease, whose lease renewer reaches within the drain the steady state
+that a long-running worker with the default 30 s lease reaches after 10 s; and plain, the
+floor, ours and the two peers again with a 5 ms body.
 
 Two private redis-servers on free loopback ports: the broker and the lock server (nothing
 else touches it). For each run and contender:
@@ -23,8 +30,13 @@ else touches it). For each run and contender:
 
 Publishing before the worker starts keeps producer and worker from competing for CPU and
 means the worker never waits for a slower producer (the lock-at-publish contenders publish
-more slowly), so every contender's drain starts from the same full queue. Contenders run in
-a rotated order on each run; ratios to plain are ratios of the medians.
+more slowly), so every contender's drain starts from the same full queue. One warm-up
+worker first drains a few tasks of every contender (connections, scripts). Then each
+repetition runs every contender once, in a fresh random order (``--seed``, printed);
+every ratio between two contenders is paired: the median over repetitions of the ratio
+within one repetition (a slow moment of a shared machine hits both sides of a ratio, or
+neither). Every figure is compared with plain, the floor, celery-singleton and celery-once
+(``REFERENCES``), each with the same body.
 
 ``INFO commandstats`` counts the commands a Lua script runs as well as the EVALSHA that
 ran it, so it gives commands *including* in-script ones. Round trips (top-level commands)
@@ -53,6 +65,7 @@ import json
 import math
 import os
 import platform
+import random
 import re
 import shlex
 import signal
@@ -65,7 +78,7 @@ import threading
 import time
 import uuid
 from collections import Counter
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import ModuleType
@@ -84,22 +97,35 @@ ROOT = Path(__file__).resolve().parents[1]
 APP_MODULE = "benchmarks.celery_app_more"
 Result = dict[str, Any]
 
-#: (id, label) in table order; ids are keys of ``celery_app.TASKS``.
+#: (id, label) in table order; ids are keys of ``celery_app_more.TASKS``.
 CONTENDERS: tuple[tuple[str, str], ...] = (
     ("plain", "plain `Task`"),
+    ("floor", "floor: plain `Task`, body under `SET NX PX` + Lua compare-and-delete"),
     ("csl-run", "`LockedTask` run scope (ours)"),
     ("csl-queue", "`LockedTask` queue scope (ours)"),
     ("csl-run-3s", "`LockedTask` run scope, `lock_timeout=3` (ours, renewer in steady state)"),
     ("celery-singleton", "celery-singleton `Singleton`"),
     ("celery-once", "celery-once `QueueOnce`"),
     ("plain-5ms", "plain `Task`, 5 ms body"),
+    ("floor-5ms", "floor, 5 ms body"),
     ("csl-run-5ms", "`LockedTask` run scope, 5 ms body (ours)"),
     ("csl-queue-5ms", "`LockedTask` queue scope, 5 ms body (ours)"),
+    ("celery-singleton-5ms", "celery-singleton `Singleton`, 5 ms body"),
+    ("celery-once-5ms", "celery-once `QueueOnce`, 5 ms body"),
 )
-#: Contenders with a 5 ms body: compared with ``plain-5ms``, drained with ``slow_tasks``
-#: tasks, left out of the MONITOR audit (their lock commands are those of the trivial ones).
-SLOW = frozenset({"plain-5ms", "csl-run-5ms", "csl-queue-5ms"})
+#: Contenders with a 5 ms body: compared with the 5 ms-body references, drained with
+#: ``slow_tasks`` tasks, left out of the MONITOR audit (their lock commands are those of
+#: the trivial ones).
+SLOW = frozenset(c for c, _ in CONTENDERS if c.endswith("-5ms"))
 LABELS = dict(CONTENDERS)
+#: What every Celery figure is compared with (issue 32), each with the same body as the
+#: contender (``reference``).
+REFERENCES: tuple[str, ...] = ("plain", "floor", "celery-singleton", "celery-once")
+#: The references of lock CPU (theirs is 0 by definition).
+PLAIN = frozenset({"plain", "plain-5ms"})
+#: ``--hot-path``: the trivial-body contenders the hot path is judged against.
+HOT_PATH: tuple[str, ...] = ("plain", "floor", "csl-run", "csl-queue", "celery-singleton",
+                             "celery-once")  # fmt: skip
 #: Commands our own admin connection sends; never counted.
 OWN_COMMANDS = frozenset({"info", "config", "flushall", "echo"})
 #: Per-connection (not per-task) commands: reported apart from per-task counts.
@@ -121,6 +147,7 @@ class Params:
     warmup_tasks: int
     audit_tasks: int
     slow_tasks: int = 1000
+    seed: int = 0
     concurrency: int = 2
     ready_timeout: float = 30.0
     stall_timeout: float = 20.0
@@ -348,6 +375,24 @@ class Bench:
             result["status"] = f"only {len(ids)} distinct task ids for {tasks} publishes"
         return result
 
+    def warm_up(self, contenders: Sequence[str]) -> Result:
+        """Publish ``warmup_tasks`` tasks of each contender, then drain them all on one
+        worker: the producer's connections exist and the lock server has loaded every
+        script before the first measurement."""
+        self.counter += 1
+        app = self.app_module.app
+        self._ensure_empty_queue(app)
+        self.lock_admin.flushall()
+        try:
+            for contender in contenders:
+                task = app.tasks[self.app_module.TASKS[contender]]
+                for i in range(self.params.warmup_tasks):
+                    task.delay(i)
+        except Exception as exc:
+            return {"status": f"publish failed: {exc!r}"}
+        run_id = f"{self.counter}-warm-{uuid.uuid4().hex[:6]}"
+        return self._drain(run_id, self.params.warmup_tasks * len(contenders))
+
     def _drain(self, run_id: str, tasks: int) -> Result:
         """Start a worker on the full queue, wait (bounded) for every task, stop it."""
         log = self.tmp / f"worker-{run_id}.log"
@@ -492,6 +537,18 @@ def machine_info() -> dict[str, str]:
     }
 
 
+def busy_cpu() -> tuple[float, float]:
+    """(CPU seconds all processes of the host have used, of which this process and its
+    reaped children), from /proc/stat and os.times(); their difference over an interval is
+    what other processes used: the check that the machine was quiet."""
+    tick = os.sysconf("SC_CLK_TCK")
+    with open("/proc/stat", encoding="ascii") as fh:
+        fields = [int(v) for v in fh.readline().split()[1:]]
+    busy = sum(fields[:3]) + sum(fields[5:8])  # user nice system . . irq softirq steal
+    own = os.times()
+    return busy / tick, own.user + own.system + own.children_user + own.children_system
+
+
 def loadavg() -> str:
     try:
         return " ".join(Path("/proc/loadavg").read_text().split()[:3])
@@ -529,28 +586,61 @@ def total_cpu(result: Result) -> float:
     return float(sum(result["cpu_us"][part] for part in TOTAL_PARTS))
 
 
+def reference(kind: str, contender: str) -> str:
+    """The reference ``kind`` (one of ``REFERENCES``) with the same body as ``contender``."""
+    return f"{kind}-5ms" if contender in SLOW else kind
+
+
+def paired(
+    mine: Sequence[Result], theirs: Sequence[Result], value: Callable[[Result], float]
+) -> list[float]:
+    """Per-repetition ratios ``value(mine) / value(theirs)`` of the repetitions where both
+    ran ok (matched by ``run``), in repetition order; a zero or NaN denominator is left
+    out."""
+    by_run = {r["run"]: r for r in theirs if r.get("status") == "ok"}
+    ratios = []
+    for r in sorted(mine, key=lambda r: int(r.get("run", 0))):
+        other = by_run.get(r.get("run"))
+        if r.get("status") != "ok" or other is None:
+            continue
+        a, b = value(r), value(other)
+        if b and not math.isnan(a) and not math.isnan(b):
+            ratios.append(a / b)
+    return ratios
+
+
 def summarise(results: dict[str, list[Result]], audits: dict[str, Result]) -> dict[str, Result]:
-    """Medians per contender; ratios are of medians (each median filters the bursts of a
-    shared machine on its own, where a per-run ratio would carry either run's burst). The
-    5 ms-body contenders are compared with ``plain-5ms``, the others with ``plain``.
-    ``lock_cpu_us``: median total CPU (``TOTAL_PARTS``) per task minus the plain task's."""
-
-    def reference(name: str) -> tuple[float, float, float]:
-        ok = [r for r in results.get(name, []) if r["status"] == "ok"]
-        return (median([r["drain_rate"] for r in ok]), median([drain_cpu(r) for r in ok]),
-                median([total_cpu(r) for r in ok]))  # fmt: skip
-
-    references = {name: reference(name) for name in ("plain", "plain-5ms")}
+    """Medians per contender, and every ratio between two contenders paired: the median
+    over repetitions of the ratio within one repetition. ``ratio`` is the drain rate against
+    plain, ``x`` against each of ``REFERENCES`` (same body). ``lock_cpu_us``: the median of
+    per-repetition total CPU (``TOTAL_PARTS``) per task minus plain's in that repetition;
+    ``lock_cpu_x_once`` the median of per-repetition lock CPU against celery-once's."""
     summary: dict[str, Result] = {}
+
+    def ok_runs(name: str) -> list[Result]:
+        return [r for r in results.get(name, []) if r["status"] == "ok"]
+
+    def drain_rate(r: Result) -> float:
+        return float(r["drain_rate"])
+
+    def lock_cpu(runs: Sequence[Result], plain: Sequence[Result]) -> dict[int, float]:
+        """Per repetition: total CPU per task minus plain's in the same repetition."""
+        base = {r["run"]: total_cpu(r) for r in plain if r["status"] == "ok"}
+        return {r["run"]: total_cpu(r) - base[r["run"]] for r in runs
+                if r["status"] == "ok" and r["run"] in base}  # fmt: skip
+
     for contender, runs in results.items():
-        plain_rate, plain_cpu, plain_total = references[
-            "plain-5ms" if contender in SLOW else "plain"
-        ]
-        ok = [r for r in runs if r["status"] == "ok"]
+        plain = results.get(reference("plain", contender), [])
+        once = results.get(reference("celery-once", contender), [])
+        ok = ok_runs(contender)
         failed = [r["status"] for r in runs if r["status"] != "ok"]
         if not ok:
             summary[contender] = {"status": failed[0] if failed else "not run"}
             continue
+        ratios = paired(ok, plain, drain_rate)
+        mine_lock, once_lock = lock_cpu(ok, plain), lock_cpu(once, plain)
+        x_once = [mine_lock[run] / once_lock[run] for run in sorted(mine_lock)
+                  if once_lock.get(run, 0.0) > 0 and contender not in PLAIN]  # fmt: skip
         summary[contender] = {
             "status": "ok",
             "runs_ok": len(ok),
@@ -558,15 +648,21 @@ def summarise(results: dict[str, list[Result]], audits: dict[str, Result]) -> di
             "drain_rate": median([r["drain_rate"] for r in ok]),
             "drain_min": min(r["drain_rate"] for r in ok),
             "drain_max": max(r["drain_rate"] for r in ok),
-            "ratio": median([r["drain_rate"] for r in ok]) / plain_rate,
+            "ratio": median(ratios),
+            "ratios": ratios,
+            "x": {
+                kind: median(paired(ok, results.get(reference(kind, contender), []), drain_rate))
+                for kind in REFERENCES
+            },
             "publish_rate": median([r["publish_rate"] for r in ok]),
             "cmds": median([r["publish_cmds"] + r["drain_cmds"] for r in ok]),
             "publish_cmds": median([r["publish_cmds"] for r in ok]),
             "drain_cmds": median([r["drain_cmds"] for r in ok]),
             "cpu_us": {part: median([r["cpu_us"][part] for r in ok]) for part in ok[0]["cpu_us"]},
-            "cpu_ratio": median([drain_cpu(r) for r in ok]) / plain_cpu,
+            "cpu_ratio": median(paired(ok, plain, drain_cpu)),
             "total_cpu_us": median([total_cpu(r) for r in ok]),
-            "lock_cpu_us": median([total_cpu(r) for r in ok]) - plain_total,
+            "lock_cpu_us": median(list(mine_lock.values())),
+            "lock_cpu_x_once": median(x_once),
             "per_main": median([per_main(r) for r in ok]),
             "audit": audits.get(contender),
         }
@@ -582,26 +678,41 @@ def fmt_rt(audit: Result | None) -> str:
     return f"{total:.2f} ({audit['publish_rt']:.2f} + {audit['drain_rt']:.2f})"
 
 
+def times(value: float) -> str:
+    """A ratio as ``0.87×``; NaN as an em dash."""
+    return "—" if math.isnan(value) else f"{value:.2f}×"
+
+
+def num(value: float, digits: int = 2) -> str:
+    """A figure with thousands separators; NaN as an em dash."""
+    return "—" if math.isnan(value) else f"{value:,.{digits}f}"
+
+
 def table(summary: dict[str, Result], contenders: Sequence[str]) -> str:
-    """The markdown result table."""
+    """The markdown result table: drain rates, and the paired drain ratios to each of
+    ``REFERENCES`` (the 5 ms-body rows to the 5 ms-body references)."""
     lines = [
-        "| contender | drain tasks/s (median) | ratio to plain | drain min–max "
-        "| publish tasks/s | lock round trips/task (publish + worker) "
+        "| contender | drain tasks/s (median) | drain min–max "
+        + "".join(f"| × {kind} " for kind in REFERENCES)
+        + "| publish tasks/s | lock round trips/task (publish + worker) "
         "| lock commands/task incl. in-script |",
-        "|---|---:|---:|---:|---:|---:|---:|",
+        "|---|---:|---:|" + "---:|" * len(REFERENCES) + "---:|---:|---:|",
     ]
     for contender in contenders:
         row = summary.get(contender, {"status": "not run"})
         label = LABELS[contender]
         if row["status"] != "ok":
-            lines.append(f"| {label} | N/A: {row['status']} | – | – | – | – | – |")
+            lines.append(f"| {label} | N/A: {row['status']} |" + " – |" * (len(REFERENCES) + 4))
             continue
-        ratio = "1.00" if contender in ("plain", "plain-5ms") else f"{row['ratio']:.2f}×"
+        ratios = "".join(
+            "| 1.00 " if reference(kind, contender) == contender else f"| {times(row['x'][kind])} "
+            for kind in REFERENCES
+        )
         cmds = f"{row['cmds']:.2f} ({row['publish_cmds']:.2f} + {row['drain_cmds']:.2f})"
         lines.append(
-            f"| {label} | {row['drain_rate']:,.0f} | {ratio} "
-            f"| {row['drain_min']:,.0f}–{row['drain_max']:,.0f} | {row['publish_rate']:,.0f} "
-            f"| {fmt_rt(row['audit'])} | {cmds} |"
+            f"| {label} | {row['drain_rate']:,.0f} "
+            f"| {row['drain_min']:,.0f}–{row['drain_max']:,.0f} {ratios}"
+            f"| {row['publish_rate']:,.0f} | {fmt_rt(row['audit'])} | {cmds} |"
         )
     return "\n".join(lines)
 
@@ -612,8 +723,9 @@ def cpu_table(summary: dict[str, Result], contenders: Sequence[str]) -> str:
         "| contender | pool processes (of which side threads) | worker main process "
         "| broker server | lock server | drain total (ratio to plain) "
         "| (pool + lock server) ÷ main process | producer publish | lock server at publish "
-        "| producer + worker + lock server | lock CPU (that − plain's) |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "| producer + worker + lock server | lock CPU (that − plain's) "
+        "| lock CPU × celery-once's |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for contender in contenders:
         row = summary.get(contender, {"status": "not run"})
@@ -624,10 +736,11 @@ def cpu_table(summary: dict[str, Result], contenders: Sequence[str]) -> str:
         lines.append(
             f"| {LABELS[contender]} | {cpu['children']:.0f} ({cpu['side_threads']:.0f}) "
             f"| {cpu['parent']:.0f} "
-            f"| {cpu['broker']:.0f} | {cpu['lock']:.0f} | {total:.0f} ({row['cpu_ratio']:.2f}×) "
+            f"| {cpu['broker']:.0f} | {cpu['lock']:.0f} | {total:.0f} ({times(row['cpu_ratio'])}) "
             f"| {row['per_main']:.2f} "
             f"| {cpu['producer']:.0f} | {cpu['lock_publish']:.0f} "
-            f"| {row['total_cpu_us']:.0f} | {row['lock_cpu_us']:.0f} |"
+            f"| {row['total_cpu_us']:.0f} | {num(row['lock_cpu_us'], 0)} "
+            f"| {times(row['lock_cpu_x_once'])} |"
         )
     return "\n".join(lines)
 
@@ -666,8 +779,9 @@ def build_params(
     runs: int | None = None,
     tasks: int | None = None,
     audit_tasks: int | None = None,
+    seed: int | None = None,
 ) -> Params:
-    """Full or ``--quick`` sizes, with any explicit override."""
+    """Full or ``--quick`` sizes, with any explicit override; a fresh seed unless given."""
     tasks = tasks or (300 if quick else 2000)
     if audit_tasks is None:
         audit_tasks = 100 if quick else 500
@@ -677,6 +791,7 @@ def build_params(
         slow_tasks=max(100, tasks // 2),
         warmup_tasks=20,
         audit_tasks=min(tasks, audit_tasks),
+        seed=random.SystemRandom().randrange(1 << 31) if seed is None else seed,
     )
 
 
@@ -697,16 +812,21 @@ def run_celery(
                 log(f"{contender}: N/A ({reason})")
             else:
                 live.append(contender)
-        # Warm-up: the producer's broker and lock connections, script loading on the servers.
-        for contender in list(live):
-            outcome = bench.measure(contender, params.warmup_tasks)
-            if outcome["status"] != "ok":
-                results[contender].append({"status": f"warm-up: {outcome['status']}", "run": 0})
-                log(f"warm-up {contender}: {outcome['status']}")
-                log(outcome.get("log_tail", ""))
-                live.remove(contender)
+        # Warm-up: the producer's broker and lock connections, script loading on the servers;
+        # all contenders on one worker, or, if that fails, one by one to find the culprit.
+        warm = bench.warm_up(live) if live else {"status": "ok"}
+        if warm["status"] != "ok":
+            log(f"warm-up of every contender at once: {warm['status']}; now one by one")
+            for contender in list(live):
+                outcome = bench.measure(contender, params.warmup_tasks)
+                if outcome["status"] != "ok":
+                    results[contender].append({"status": f"warm-up: {outcome['status']}", "run": 0})
+                    log(f"warm-up {contender}: {outcome['status']}")
+                    log(outcome.get("log_tail", ""))
+                    live.remove(contender)
+        rng = random.Random(params.seed)
         for run in range(params.runs):
-            order = live[run % len(live) :] + live[: run % len(live)]  # rotate per run
+            order = rng.sample(live, len(live))  # a fresh random order per repetition
             for contender in order:
                 tasks = params.slow_tasks if contender in SLOW else params.tasks
                 outcome = bench.measure(contender, tasks)
@@ -737,13 +857,16 @@ def run_celery(
 
 CPU_NOTE = (
     "CPU per task in µs (user + system from /proc, medians; the drain total is the worker's "
-    "processes plus both servers, ratio of medians to plain; the ÷ main process column is "
+    "processes plus both servers, its ratio to plain paired per repetition; the ÷ main "
+    "process column is "
     "the median of per-run ratios of pool-process plus lock-server CPU to the worker main "
     "process's CPU, which is the same Celery work for every contender and so cancels the "
     "host's drifting speed; producer + worker + lock server is the producer's publish CPU, "
     "the lock server's at publish and at drain and the worker's processes, the broker left "
-    "out; lock CPU is that total minus the plain task's, the 5 ms-body rows minus "
-    "plain 5 ms's, issue 24's \"lock CPU per task\"):"
+    "out; lock CPU is that total minus the plain task's in the same repetition (median), "
+    "issue 24's \"lock CPU per task\", and its ratio to celery-once's the median of "
+    "per-repetition ratios, issue 32's; the 5 ms-body rows against plain and celery-once "
+    "with a 5 ms body):"
 )
 
 
@@ -786,9 +909,6 @@ def targets(summary: dict[str, Result]) -> list[str]:
         measured = bool(values) and not any(math.isnan(v) for v in values)
         return f"- {text} -> {('met' if good else 'MISSED') if measured else 'not measured'}"
 
-    def num(value: float, digits: int = 2) -> str:
-        return "—" if math.isnan(value) else f"{value:,.{digits}f}"
-
     out = []
     for contender, scope in (("csl-run", "run"), ("csl-queue", "queue")):
         ratio = row(contender)["ratio"] if ok(contender) else nan
@@ -797,7 +917,7 @@ def targets(summary: dict[str, Result]) -> list[str]:
             line(
                 f"Celery. drain, {scope} scope >= 0.95x plain: {num(ratio)}x "
                 f"({num(row(contender).get('drain_rate', nan), 0)} vs "
-                f"{num(row('plain').get('drain_rate', nan), 0)} tasks/s, ratio of medians)",
+                f"{num(row('plain').get('drain_rate', nan), 0)} tasks/s, median of per-run ratios)",
                 [ratio],
                 ratio >= 0.95,
             )
@@ -832,6 +952,75 @@ def targets(summary: dict[str, Result]) -> list[str]:
     return out
 
 
+def run_module(module: str, args: Sequence[str], timeout: float) -> Result:
+    """``python -m module *args --json <tmp>`` in a fresh process (a benchmark app reads its
+    servers' URLs once per process); its JSON, or ``{"status": <why not>}``."""
+    with tempfile.TemporaryDirectory(prefix="csl-run-") as tmp:
+        out = Path(tmp) / "result.json"
+        try:
+            done = subprocess.run([sys.executable, "-m", module, *args, "--json", str(out)],
+                                  cwd=ROOT, timeout=timeout, check=False,
+                                  stdout=subprocess.DEVNULL)  # fmt: skip
+        except subprocess.TimeoutExpired:
+            return {"status": f"timed out after {timeout:.0f} s"}
+        if done.returncode or not out.exists():
+            return {"status": f"{module} exited with {done.returncode}"}
+        result: Result = json.loads(out.read_text(encoding="utf-8"))
+        return result
+
+
+#: Tasks ``--hot-path`` profiles (ours, run scope: default options): a short cProfile
+#: drain for the calls per task, a longer one under the CPU-time sampler.
+HOT_PATH_PROFILE_TASKS = (300, 4000)
+
+
+def hot_path_report(
+    summary: dict[str, Result], profile: dict[str, Result], params: Params
+) -> list[str]:
+    """What ``--hot-path`` prints: the paired drain ratios of ``HOT_PATH``, the drain rows
+    of issue 32's targets, and the profile figure of our own Python per task."""
+    from benchmarks import targets32  # noqa: PLC0415  (targets32 is for reporting only)
+
+    lines = [
+        f"Trivial bodies, {params.runs} repetition(s) x {params.tasks} tasks, order seed "
+        f"{params.seed}; each ratio is the median of per-repetition ratios:",
+        "",
+        "| contender | drain tasks/s | × plain | × floor | × celery-singleton | × celery-once "
+        "| × plain per repetition |",
+        "|---|---:|---:|---:|---:|---:|---|",
+    ]
+    for contender in HOT_PATH:
+        row = summary.get(contender) or {"status": "not run"}
+        if row["status"] != "ok":
+            lines.append(f"| {contender} | N/A: {row['status']} | | | | | |")
+            continue
+        cells = " | ".join(times(row["x"][kind]) for kind in REFERENCES)
+        each = ", ".join(f"{r:.2f}" for r in row["ratios"])
+        lines.append(f"| {contender} | {row['drain_rate']:,.0f} | {cells} | {each} |")
+    lines += ["", "Issue 32's drain targets:", ""]
+    lines += [f"- {r.label}: {r.measured} (target {r.target}) -> {r.verdict}"
+              for r in targets32.drain_rows(summary)]  # fmt: skip
+    run = profile.get("csl-run") or {}
+    found = run.get("sampled") or {}
+    if found.get("status") == "ok":
+        lines += [
+            "",
+            f"Our own Python per task in the pool, run scope, default options (CPU in "
+            f"celery_singleton_lock's functions, sampled over {found['tasks_sampled']} tasks): "
+            f"{found['ours_cpu_us']:.0f} ± {found['ours_cpu_err_us']:.0f} µs (target <= 100) "
+            f"of {found['pool_cpu_us']:.0f} µs in the pool process "
+            f"({100 * found['ours_cpu_us'] / found['pool_cpu_us']:.0f} %: the share moves less "
+            "with the machine's load than the µs); cProfile: "
+            f"{num(float(run.get('ours_calls', math.nan)), 1)} calls into our functions per "
+            f"task, their own time {num(float(run.get('ours_self_us', math.nan)), 0)} µs "
+            "(target <= 100; inflated by a cost per call and by waits for a CPU). Where it "
+            "goes: python -m benchmarks.profile_task --kinds csl-run",
+        ]
+    elif profile:
+        lines += ["", f"Profile: {found.get('status') or run.get('status') or profile}"]
+    return lines
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point."""
     parser = argparse.ArgumentParser(
@@ -840,24 +1029,40 @@ def main(argv: Sequence[str] | None = None) -> int:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("--quick", action="store_true", help="a < 90 s smoke check (1 run)")
-    parser.add_argument("--runs", type=int, help="runs per contender (default 3, quick 1)")
+    parser.add_argument(
+        "--hot-path",
+        action="store_true",
+        help="only the trivial-body drain of plain, floor, ours (run, queue), celery-singleton "
+        "and celery-once, no audit, then the profile figure of our own Python (~3 min)",
+    )
+    parser.add_argument(
+        "--runs", "--reps", dest="runs", type=int,
+        help="repetitions: every contender once each (default 3, quick 1)",
+    )  # fmt: skip
     parser.add_argument("--tasks", type=int, help="tasks per run (default 2000, quick 300)")
     parser.add_argument(
         "--audit-tasks",
         type=int,
-        help="tasks of the MONITOR audit (default 500, quick 100; 0: no audit)",
+        help="tasks of the MONITOR audit (default 500, quick 100, --hot-path 0; 0: no audit)",
     )
     parser.add_argument(
         "--contenders",
         help="comma-separated subset of: " + ",".join(c for c, _ in CONTENDERS),
     )
+    parser.add_argument("--seed", type=int, help="seed of the contenders' order (default: fresh)")
+    parser.add_argument(
+        "--no-profile", action="store_true", help="--hot-path without the profile figure"
+    )
     parser.add_argument("--json", metavar="PATH", help="also write raw results as JSON")
     args = parser.parse_args(argv)
     # A SIGTERM unwinds like Ctrl-C, so the worker and both servers are still stopped.
     signal.signal(signal.SIGTERM, raise_exit)
-    params = build_params(args.quick, args.runs, args.tasks, args.audit_tasks)
+    audit_tasks = args.audit_tasks
+    if args.hot_path and audit_tasks is None:
+        audit_tasks = 0
+    params = build_params(args.quick, args.runs, args.tasks, audit_tasks, args.seed)
     try:
-        chosen = choose(args.contenders)
+        chosen = choose(",".join(HOT_PATH) if args.hot_path else args.contenders)
     except ValueError as exc:
         parser.error(str(exc))
 
@@ -869,19 +1074,41 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"- {key}: {value}")
     print(f"- load average at start: {loadavg()}")
     print(
-        f"- {params.runs} run(s) x {params.tasks} tasks per contender; worker: prefork, "
-        f"concurrency {params.concurrency}, default prefetch; audit: {params.audit_tasks} tasks\n"
+        f"- {params.runs} run(s) x {params.tasks} tasks per contender, order seed "
+        f"{params.seed}; worker: prefork, concurrency {params.concurrency}, default prefetch; "
+        f"audit: {params.audit_tasks} tasks\n"
     )
     began = time.monotonic()
+    cpu_start = busy_cpu()
     results, audits, summary = run_celery(params, chosen, lambda text: print(text, flush=True))
-    print(f"\n{render_tables(summary, chosen)}\n")
-    print("\n".join(targets(summary)))
-    print(f"\nload average at end: {loadavg()}; took {time.monotonic() - began:.0f} s")
+    profile: dict[str, Result] = {}
+    if args.hot_path:
+        if not args.no_profile:
+            print("profile of ours, run scope (benchmarks.profile_task) ...", flush=True)
+            cprofiled, sampled = HOT_PATH_PROFILE_TASKS
+            profile = run_module(
+                "benchmarks.profile_task",
+                ["--kinds", "csl-run", "--tasks", str(cprofiled), "--sample-tasks", str(sampled)],
+                300,
+            )
+        print("\n" + "\n".join(hot_path_report(summary, profile, params)))
+    else:
+        print(f"\n{render_tables(summary, chosen)}\n")
+        print("\n".join(targets(summary)))
+    took = time.monotonic() - began
+    cpu_end = busy_cpu()
+    foreign = max(0.0, (cpu_end[0] - cpu_start[0]) - (cpu_end[1] - cpu_start[1]))
+    capacity = took * len(os.sched_getaffinity(0))
+    print(
+        f"\nload average at end: {loadavg()}; took {took:.0f} s; CPU used by other processes "
+        f"meanwhile: {foreign:.0f} s of {capacity:.0f} CPU-seconds ({100 * foreign / capacity:.0f} "
+        "%: what other work took from this run's machine)"
+    )
     if args.json:
         Path(args.json).write_text(
             json.dumps(
                 {"machine": info, "params": params.__dict__, "results": results,
-                 "audits": audits, "summary": summary},
+                 "audits": audits, "summary": summary, "profile": profile},
                 indent=2, default=str,
             )
         )  # fmt: skip

@@ -14,7 +14,7 @@ alone, on the park task. Tasks of ``benchmarks.hotkey_app``.
 
 One private redis-server on a free loopback port is broker (db 0), the worker's result
 backend (db 1; the producer reads no result and has none), lock Redis (db 2) and the record
-of every run (db 3). For each run and policy, in a rotated order:
+of every run (db 3). For each run and policy, in a fresh random order per run (``--seed``):
 
 1. the server is emptied (no worker runs);
 2. a fresh ``celery worker`` (prefork, concurrency 4, ``worker_prefetch_multiplier=1``, no
@@ -32,7 +32,8 @@ Each body records ``kind n start end retries`` (``time.time()`` in the pool proc
 records database. From them, per run:
 
 - the distinct-key calls' completion: when the last one ended, after the first publish,
-  and its ratio to the no-hot-key baseline (ratio of medians over runs);
+  and its ratio to the no-hot-key baseline (paired: the median over runs of the ratio to
+  the baseline of the same run);
 - the hot key's gaps: from one hot run's end to the next hot run's start, p50 and p95;
 - the retries the hot key's calls took (``request.retries`` plus the lock's own retries,
   the ``singleton_lock_retries`` header);
@@ -54,6 +55,7 @@ import itertools
 import json
 import math
 import os
+import random
 import shlex
 import signal
 import statistics
@@ -113,14 +115,25 @@ class Params:
     #: longest countdown (the 30 s lease plus a quarter of jitter).
     stall_timeout: float = 75.0
     deadline: float = 900.0
+    #: Seed of the policies' order in each run.
+    seed: int = 0
 
 
 def build_params(
-    quick: bool, runs: int | None = None, hot: int | None = None, cold: int | None = None
+    quick: bool,
+    runs: int | None = None,
+    hot: int | None = None,
+    cold: int | None = None,
+    seed: int | None = None,
 ) -> Params:
-    """Full or ``--quick`` sizes, with any explicit override."""
+    """Full or ``--quick`` sizes, with any explicit override; a fresh seed unless given."""
     calls = 60 if quick else 200
-    return Params(runs=runs or (1 if quick else 3), hot=hot or calls, cold=cold or calls)
+    return Params(
+        runs=runs or (1 if quick else 3),
+        hot=hot or calls,
+        cold=cold or calls,
+        seed=random.SystemRandom().randrange(1 << 31) if seed is None else seed,
+    )
 
 
 # --- pure analysis -------------------------------------------------------------------------
@@ -255,10 +268,26 @@ FIELDS = (
 )  # fmt: skip
 
 
+def paired_ratio(mine: Sequence[Result], base: Sequence[Result], field: str) -> float:
+    """The median over runs of ``field`` / the baseline's ``field`` in the same run (by
+    ``run``, else by position), runs where either side failed left out."""
+    by_run = {r.get("run", i): r for i, r in enumerate(base) if r.get("status") == "ok"}
+    ratios = []
+    for i, r in enumerate(mine):
+        other = by_run.get(r.get("run", i))
+        if r.get("status") != "ok" or other is None:
+            continue
+        a, b = r.get(field), other.get(field)
+        if isinstance(a, int | float) and isinstance(b, int | float) and b:
+            ratios.append(a / b)
+    return float(statistics.median(ratios)) if ratios else math.nan
+
+
 def summarise(results: dict[str, list[Result]]) -> dict[str, Result]:
-    """Medians per policy over its ``ok`` runs; the ratio to the baseline is a ratio of
-    medians. A policy with any violation carries them all (``violations``)."""
-    base = median_of([r for r in results.get("none", []) if r["status"] == "ok"], "cold_done_s")
+    """Medians per policy over its ``ok`` runs; the ratio to the baseline is paired (the
+    median of per-run ratios). A policy with any violation carries them all
+    (``violations``)."""
+    base = results.get("none", [])
     summary: dict[str, Result] = {}
     for policy, runs in results.items():
         ok = [r for r in runs if r["status"] == "ok"]
@@ -282,7 +311,7 @@ def summarise(results: dict[str, list[Result]]) -> dict[str, Result]:
             row["cold_done_max"] = max(r["cold_done_s"] for r in ok)
             row["hot_retries_max"] = max((r.get("hot_retries_max", 0) for r in ok), default=0)
             row["hot_retries_runs"] = [r.get("hot_retries", 0) for r in ok]
-            row["ratio"] = row["cold_done_s"] / base if base and not math.isnan(base) else math.nan
+            row["ratio"] = paired_ratio(runs, base, "cold_done_s")
         summary[policy] = row
     return summary
 
@@ -431,7 +460,8 @@ METHOD = (
     "published again, a retry). CPU: user + system seconds from `/proc`, from the first "
     "publish to the last run. Checked in every run: every call ran exactly once and the hot "
     "key's runs never overlapped (1 ms clock tolerance). Runs: {runs}, policies in a "
-    "rotated order per run; {medians}, the ratio is a ratio of medians."
+    "fresh random order per run (seed {seed}); {medians}, the ratio is the median of "
+    "per-run ratios."
 )
 
 
@@ -441,6 +471,7 @@ def method(params: Params) -> str:
         hot=params.hot, cold=params.cold, sleep_ms=1000 * params.sleep,
         concurrency=params.concurrency, warmup=params.warmup, runs=params.runs,
         medians="one run" if params.runs == 1 else f"medians of {params.runs} runs",
+        seed=params.seed,
     )  # fmt: skip
 
 
@@ -597,9 +628,9 @@ def run_hotkey(
     results: dict[str, list[Result]] = {p: [] for p in policies}
     with RedisServer() as server, tempfile.TemporaryDirectory(prefix="csl-hotkey-") as tmp:
         bench = Bench(server, Path(tmp), params)
+        rng = random.Random(params.seed)
         for run in range(params.runs):
-            order = policies[run % len(policies) :] + policies[: run % len(policies)]
-            for policy in order:
+            for policy in rng.sample(policies, len(policies)):
                 began = time.monotonic()
                 outcome = bench.measure(policy, run)
                 outcome.update(run=run, load1=os.getloadavg()[0])
@@ -661,6 +692,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--hot", type=int, help="calls on the hot key (default 200, quick 60)")
     parser.add_argument("--cold", type=int, help="distinct-key calls (default 200, quick 60)")
     parser.add_argument("--json", metavar="PATH", help="also write the raw figures as JSON")
+    parser.add_argument("--seed", type=int, help="seed of the policies' order (default: fresh)")
     parser.add_argument(
         "--write",
         metavar="MD",
@@ -670,7 +702,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     # A SIGTERM unwinds like Ctrl-C, so the worker and the server are still stopped.
     signal.signal(signal.SIGTERM, raise_exit)
-    params = build_params(args.quick, args.runs, args.hot, args.cold)
+    params = build_params(args.quick, args.runs, args.hot, args.cold, args.seed)
     command = "python -m benchmarks.bench_hotkey " + shlex.join(sys.argv[1:] if argv is None
                                                                  else list(argv))  # fmt: skip
     command = command.strip()
@@ -682,7 +714,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(f"- load average at start: {start_load}")
     print(
         f"- {params.runs} run(s) x ({params.hot} hot + {params.cold} distinct-key calls) per "
-        f"policy; worker: prefork, concurrency {params.concurrency}, prefetch multiplier 1\n"
+        f"policy, order seed {params.seed}; worker: prefork, concurrency {params.concurrency}, "
+        "prefetch multiplier 1\n"
     )
     began = time.monotonic()
     results, summary = run_hotkey(params, lambda text: print(text, flush=True))

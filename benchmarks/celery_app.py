@@ -8,7 +8,11 @@ both read the servers from the environment (set by ``bench_celery``):
 - ``CSL_BENCH_PROGRESS``: a fresh directory per run where the pool processes record
   their progress.
 
-One trivial task per contender, each taking a distinct integer. Progress is recorded by
+One trivial task per contender, each taking a distinct integer. The floor contender
+(``floor``, issue 32) is a plain task whose body takes ``SET key token NX PX`` and releases
+with an owner-checked Lua compare-and-delete (registered once, run with ``EVALSHA``), one
+key per task name and argument: the least a run-scope lock costs in Celery, two round
+trips and no integration at all. Progress is recorded by
 ``task_prerun``/``task_postrun`` receivers connected here, after the package's own
 receivers, so a task counts as ended only after every contender's lock release. Each pool
 process writes its first start, its count of ended tasks and its last end into a small
@@ -24,11 +28,15 @@ import mmap
 import os
 import struct
 import time
+import uuid
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import redis
 from celery import Celery, signals
 
+from benchmarks.contenders import COMPARE_AND_DELETE
 from celery_singleton_lock import LockedTask
 
 BROKER_URL = os.environ.get("CSL_BENCH_BROKER", "redis://127.0.0.1:6379/0")
@@ -40,6 +48,7 @@ TASKS = {
     "csl-run": "bench.csl_run",
     "csl-queue": "bench.csl_queue",
     "csl-run-3s": "bench.csl_run_3s",
+    "floor": "bench.floor",
     "celery-singleton": "bench.singleton",
     "celery-once": "bench.once",
 }
@@ -94,6 +103,39 @@ def csl_run_3s(i: int) -> int:
     a lease after it was taken, so within a short drain it reaches the steady state of a
     long-running worker (with the default 30 s lease that takes 10 s)."""
     return i + 1
+
+
+#: The floor's lease: our default ``lock_timeout`` (30 s).
+FLOOR_LEASE_MS = 30_000
+#: The floor's client and release script: one per process (redis-py opens a fresh
+#: connection pool in a forked pool process), the script's SHA computed once.
+floor_client = redis.Redis.from_url(LOCK_URL)
+floor_release = floor_client.register_script(COMPARE_AND_DELETE)
+
+
+def floor_locked(name: str, i: int, body: Callable[[int], int]) -> int | None:
+    """Run ``body(i)`` under the floor lock of (``name``, ``i``): ``SET NX PX`` with a fresh
+    token, then the compare-and-delete. A key already taken skips the body (None); a
+    release that finds another token raises, so the run counts as failed."""
+    key = f"floor:{name}:{i}"
+    token = uuid.uuid4().hex
+    if not floor_client.set(key, token, nx=True, px=FLOOR_LEASE_MS):
+        return None
+    try:
+        return body(i)
+    finally:
+        if not floor_release(keys=[key], args=[token]):
+            raise RuntimeError(f"floor lock {key!r} was not held at release")
+
+
+def _increment(i: int) -> int:
+    return i + 1
+
+
+@app.task(name=TASKS["floor"], ignore_result=True)
+def floor(i: int) -> int | None:
+    """The floor of a run-scope lock (issue 32): a plain task whose body locks itself."""
+    return floor_locked(TASKS["floor"], i, _increment)
 
 
 try:

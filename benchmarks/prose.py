@@ -25,9 +25,11 @@ __all__ = [
     "Target",
     "comparison_markdown",
     "generated_block",
+    "hot_spots",
     "reading_markdown",
     "table",
     "targets",
+    "targets32",
 ]
 
 #: The markers of ``benchmarks.run``'s block (the same text as ``run.BEGIN`` / ``run.END``).
@@ -93,6 +95,41 @@ class Target:
     verdict: str
 
 
+def targets32(block: str) -> list[Target]:
+    """Issue 32's targets (its table), as printed; none when the block has no such table
+    (a run from before the issue)."""
+    if not re.search(r"^## Targets \(issue 32\)", block, re.M):
+        return []
+    return [
+        Target("32", "", row["target (issue 32)"], row["measured"], row["target"],
+               row["verdict"].strip("*"))
+        for row in table(section(block, "## Targets (issue 32)"))
+    ]  # fmt: skip
+
+
+#: The table of our functions the closing note of issue 32 reads, and how many of them.
+HOT_SPOTS = ("Our functions by the sampler's CPU time, ours, run scope", 3)
+
+
+def hot_spots(block: str) -> list[str]:
+    """Our functions that took the most CPU per task in run scope, by the sampler's column
+    of the profile section's table, as printed: where issue 32's missed rows point."""
+    marker, count = HOT_SPOTS
+    where = block.find(marker)
+    if where == -1:
+        return []
+    start = block.find("\n|", where)
+    end = block.find("\n\n", start)
+    column = "CPU µs per task (sampler)"
+    rows = [row for row in table(block[start : end if end != -1 else len(block)])
+            if re.fullmatch(r"[\d,]+\.\d+", row[column])]  # fmt: skip
+    rows.sort(key=lambda row: -float(row[column].replace(",", "")))
+    return [
+        f"{row['function']} {row[column]} µs ({row['calls per task']} calls per task)"
+        for row in rows[:count]
+    ]
+
+
 def targets(block: str) -> list[Target]:
     """Issue 24's targets (its table) and the hot key's (its target lines), as printed."""
     found = []
@@ -117,6 +154,14 @@ def targets(block: str) -> list[Target]:
 #: What each group of targets is about, and why its results are what they are: fixed text
 #: that names no measurement (a group without an entry gets no explanation).
 GROUPS = {
+    "32": (
+        "Issue 32: a task's cost beside the floor and the peers",
+        "The floor is a plain task whose body takes `SET NX PX` and releases with a Lua "
+        "compare-and-delete: two round trips from the pool process and no other code, what "
+        "any run-scope lock pays. Ours makes the same two round trips in run scope, so what "
+        "it costs beyond the floor is its own code around them; celery-singleton and "
+        "celery-once take their lock at publish and delete it when the task ends.",
+    ),
     "1": (
         "Uncontended acquire and release",
         "The acquire script reads the server's clock (`TIME`) to write the expiry and the "
@@ -222,6 +267,17 @@ def reading_markdown(page: str) -> str:
         "",
         f"- {_this_run(block)}",
     ]
+    found32 = targets32(block)
+    if found32:
+        head, why = GROUPS["32"]
+        lines.append(f"- **{head} ({_verdicts(found32)}).** {why}")
+        lines += [f"  - {_entry(target)}." for target in found32]
+        spots = hot_spots(block)
+        if spots and any(target.verdict == "MISSED" for target in found32):
+            lines.append(
+                "  - Where our own time goes (run scope, the CPU-time sampler's figure per "
+                "function in the profile section): " + "; ".join(spots) + "."
+            )
     groups: dict[str, list[Target]] = {}
     for target in found:
         groups.setdefault(target.group, []).append(target)

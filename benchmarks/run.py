@@ -5,16 +5,17 @@ Run ``python -m benchmarks.run [--quick] [--write docs/benchmarks.md] [--readme 
 
 1. the lock-engine scenarios A-E and the safety probe S (``benchmarks.bench_lock``), every
    alternative lock measured in the same run;
-2. the Celery drain benchmark (``benchmarks.bench_celery``) with celery-singleton and
-   celery-once;
+2. the Celery drain benchmark (``benchmarks.bench_celery``) with the floor of a run-scope
+   lock, celery-singleton and celery-once, trivial and 5 ms bodies;
 3. queue-scope lock-Redis memory per finished task and its floors
-   (``benchmarks.bench_memory``) and the profile of where a locked task's time goes
-   (``benchmarks.profile_task``), each in a process of its own (issue 24);
+   (``benchmarks.bench_memory``) and the profile of where a locked task's time goes, with
+   issue 32's figure of our own Python per task (``benchmarks.profile_task``), each in a
+   process of its own (issue 24);
 4. the hot-key benchmark (``benchmarks.bench_hotkey``, issue 23): one busy key among
    distinct ones under ``lock_on_conflict`` park, wait and retry;
 5. the plots (matplotlib, ``--img``, by default ``img/`` beside the ``--write`` file);
-6. the markdown: machine, commits and load averages, the targets of issue 24 (every row
-   computed from this run), the targets of issue 13, a
+6. the markdown: machine, commits and load averages, the targets of issue 32 and of issue
+   24 (every row computed from this run), the targets of issue 13, a
    before/after table against the figures published at commit 34b423b
    (``benchmarks.baseline``), then every table with the command line above it, the
    hot-key section last (between markers of its own, which ``bench_hotkey --write``
@@ -52,6 +53,7 @@ from benchmarks import (
     plots,
     profile_task,
     targets24,
+    targets32,
 )
 from benchmarks.contenders import FAIR_MS
 
@@ -81,18 +83,6 @@ def provenance() -> dict[str, str]:
         "engine": git("log", "-1", "--format=%h", "--", "celery_singleton_lock"),
         "dirty": "" if dirty in ("", "?") else " (with uncommitted changes)",
     }
-
-
-def busy_cpu() -> tuple[float, float]:
-    """(CPU seconds all processes of the host have used, of which this process and its
-    reaped children), from /proc/stat and os.times(); their difference over an interval is
-    what other processes used: the check that the machine was quiet."""
-    tick = os.sysconf("SC_CLK_TCK")
-    with open("/proc/stat", encoding="ascii") as fh:
-        fields = [int(v) for v in fh.readline().split()[1:]]
-    busy = sum(fields[:3]) + sum(fields[5:8])  # user nice system . . irq softirq steal
-    own = os.times()
-    return busy / tick, own.user + own.system + own.children_user + own.children_system
 
 
 def loadavg() -> str:
@@ -164,8 +154,13 @@ CELERY_METHOD = (
     "`--without-gossip --without-mingle --without-heartbeat`, log level WARNING) drains the "
     "full queue; drain = first `task_prerun` to last `task_postrun` (after every "
     "contender's release), stamped by the pool processes into memory-mapped files so "
-    "measuring adds no round trip per task. Runs: {runs}, contenders in a rotated order per "
-    "run; medians, ratios are ratios of medians. Lock commands come from `INFO "
+    "measuring adds no round trip per task. A warm-up worker first drains a few tasks of "
+    "every contender. Repetitions: {runs}, every contender once per repetition in a fresh "
+    "random order (seed {seed}); figures are medians over repetitions, and every ratio "
+    "between two contenders is the median of the per-repetition ratios (× plain, × floor, "
+    "× celery-singleton, × celery-once: each with the same body; the floor is a plain task "
+    "whose body takes `SET key token NX PX` and releases with an owner-checked Lua "
+    "compare-and-delete). Lock commands come from `INFO "
     "commandstats` on the lock server (counts commands run inside Lua too); round trips "
     "(top-level commands) from an untimed {audit}-task pass per contender under `MONITOR`, "
     "which labels in-script commands `lua`. CPU is user + system time from `/proc`."
@@ -194,6 +189,7 @@ def readme_summary(
     cpus: str,
     img: str | None,
     rows24: Sequence[targets24.Row] = (),
+    rows32: Sequence[targets24.Row] = (),
 ) -> list[str]:
     """The README's benchmark paragraph: a few headline figures of this run, and the plot."""
 
@@ -215,54 +211,42 @@ def readme_summary(
     if ns:
         low, high = ns[0], ns[-1]
         waiters = (
-            f" With {high:,} waiters in line a hand-off costs {fmt(e_at('csl', high), 2)} "
-            f"Redis commands ({fmt(e_at('csl', low), 2)} with {low:,})."
+            f" A hand-off costs {fmt(e_at('csl', high), 2)} Redis commands with {high:,} "
+            f"waiters ({fmt(e_at('csl', low), 2)} with {low:,})."
         )
-    run_ratio = (celery.get("csl-run") or {}).get("ratio", float("nan"))
-    queue_ratio = (celery.get("csl-queue") or {}).get("ratio", float("nan"))
+
+    def ratio(name: str, kind: str = "plain") -> float:
+        row = celery.get(name) or {}
+        value = (row.get("x") or {}).get(kind, float("nan")) if row.get("status") == "ok" else None
+        return float(value) if isinstance(value, int | float) else float("nan")
+
     text = (
         f"Measured on a {cpus}-CPU VM by `make bench` ({stamp}; {medians(runs)}, every "
         f"alternative in the same run): 100 clients on one lock, {lost_text}, "
         f"{fmt(get('B', 'csl', 'throughput'), 0)} critical sections/s (python-redis-lock "
         f"{fmt(get('B', 'python-redis-lock', 'throughput'), 0)}, redis-py `Lock` "
-        f"{fmt(get('B', 'redis-py', 'throughput'), 0)}) with a p99 wait of "
+        f"{fmt(get('B', 'redis-py', 'throughput'), 0)}), p99 wait "
         f"{fmt(get('B', 'csl', 'wait_p99_ms'))} ms "
         f"({fmt(get('B', 'python-redis-lock', 'wait_p99_ms'))} ms, "
-        f"{fmt(get('B', 'redis-py', 'wait_p99_ms'))} ms); release to a blocked waiter's "
-        f"acquire p50 {fmt(get('C', 'csl', 'p50_ms'), 2)} ms, p99 "
+        f"{fmt(get('B', 'redis-py', 'wait_p99_ms'))} ms); hand-off to a waiter "
+        f"p50 {fmt(get('C', 'csl', 'p50_ms'), 2)} ms, p99 "
         f"{fmt(get('C', 'csl', 'p99_ms'), 2)} ms (python-redis-lock "
         f"{fmt(get('C', 'python-redis-lock', 'p50_ms'), 2)} / "
-        f"{fmt(get('C', 'python-redis-lock', 'p99_ms'), 2)} ms).{waiters} A Celery worker "
-        f"drains trivial locked tasks at {fmt(run_ratio, 2)}× (run scope) and "
-        f"{fmt(queue_ratio, 2)}× (queue scope) the rate of plain tasks. Method, figures and "
+        f"{fmt(get('C', 'python-redis-lock', 'p99_ms'), 2)} ms).{waiters} Celery drains "
+        f"trivial locked tasks at {fmt(ratio('csl-run'), 2)}× (run scope) and "
+        f"{fmt(ratio('csl-queue'), 2)}× (queue scope) plain's rate; a bare `SET NX PX` lock "
+        f"{fmt(ratio('floor'), 2)}×, celery-singleton {fmt(ratio('celery-singleton'), 2)}×, "
+        f"celery-once {fmt(ratio('celery-once'), 2)}×. Method, figures and "
         "targets: [docs/benchmarks.md](docs/benchmarks.md)."
     )
-    if rows24:
-        met = sum(1 for r in rows24 if r.verdict == "met")
-        text += f" Issue 24's targets: {met} of {len(rows24)} met."
+    counts = [(issue, sum(1 for r in found if r.verdict == "met"), len(found))
+              for issue, found in (("32", rows32), ("24", rows24)) if found]  # fmt: skip
+    if counts:
+        text += " Targets met: " + ", ".join(f"issue {i} {m} of {n}" for i, m, n in counts) + "."
     out = [README_BEGIN, text]
     if img:
         out += ["", f"![Contended throughput and hand-off latency per lock]({img})"]
     return [*out, README_END]
-
-
-def in_process_of_its_own(module: str, args: Sequence[str], timeout: float) -> Result:
-    """``python -m module *args --json <tmp>`` in a fresh process (the Celery app reads its
-    servers' URLs once per process); its JSON, or ``{"status": <why not>}``."""
-    import tempfile  # noqa: PLC0415
-
-    with tempfile.TemporaryDirectory(prefix="csl-run-") as tmp:
-        out = Path(tmp) / "result.json"
-        try:
-            done = subprocess.run([sys.executable, "-m", module, *args, "--json", str(out)],
-                                  cwd=ROOT, timeout=timeout, check=False,
-                                  stdout=subprocess.DEVNULL)  # fmt: skip
-        except subprocess.TimeoutExpired:
-            return {"status": f"timed out after {timeout:.0f} s"}
-        if done.returncode or not out.exists():
-            return {"status": f"{module} exited with {done.returncode}"}
-        result: Result = json.loads(out.read_text(encoding="utf-8"))
-        return result
 
 
 def replace_block(path: Path, begin: str, end: str, lines: Sequence[str]) -> None:
@@ -307,7 +291,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     when = dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     git_info = provenance()
     loads = {"start": loadavg()}
-    cpu_start = busy_cpu()
+    cpu_start = bench_celery.busy_cpu()
 
     def progress(text: str, t0: float) -> None:
         elapsed = f"[{time.monotonic() - began:7.1f}s]"
@@ -341,20 +325,23 @@ def main(argv: Sequence[str] | None = None) -> int:
     # 3. Queue-scope memory and the profile, each in a process of its own.
     memory: Result | None = None
     profile: dict[str, Result] = {}
-    profile_tasks = 1000 if args.quick else 2000
+    profile_tasks, sample_tasks = (500, 2000) if args.quick else (2000, 10000)
     t0 = time.monotonic()
     if not (args.skip_celery or args.skip_memory):
         log("queue-scope memory (benchmarks.bench_memory) ...", "memory")
-        memory = in_process_of_its_own("benchmarks.bench_memory",
-                                       ["--quick"] if args.quick else [], 900)  # fmt: skip
+        memory = bench_celery.run_module("benchmarks.bench_memory",
+                                         ["--quick"] if args.quick else [], 900)  # fmt: skip
         log(f"{memory.get('status')}: {memory.get('bytes_per_task', float('nan')):.1f} B/task",
             "memory")  # fmt: skip
     memory_s = time.monotonic() - t0
     t0 = time.monotonic()
     if not (args.skip_celery or args.skip_profile):
         log("profile (benchmarks.profile_task) ...", "profile")
-        profile = in_process_of_its_own("benchmarks.profile_task",
-                                        ["--tasks", str(profile_tasks)], 600)  # fmt: skip
+        profile = bench_celery.run_module(
+            "benchmarks.profile_task",
+            ["--tasks", str(profile_tasks), "--sample-tasks", str(sample_tasks)],
+            900,
+        )
     profile_s = time.monotonic() - t0
 
     # 4. The hot key: park, wait and retry.
@@ -369,7 +356,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         )
     hotkey_s = time.monotonic() - t0
     loads["end"] = loadavg()
-    cpu_end = busy_cpu()
+    cpu_end = bench_celery.busy_cpu()
     wall = time.monotonic() - began
     foreign = (cpu_end[0] - cpu_start[0]) - (cpu_end[1] - cpu_start[1])
     capacity = wall * len(os.sched_getaffinity(0))
@@ -427,13 +414,27 @@ def main(argv: Sequence[str] | None = None) -> int:
             shown = os.path.relpath(path, rel) if rel is not None else str(path)
             out += ["", f"![{alt}]({shown})"]
     fair = list(FAIR_MS.items())
+    rows32 = targets32.rows(celery, profile, memory, hotkey)
+    out += ["", "## Targets (issue 32)", "", above, "",
+            "Each row computed from this run (`benchmarks/targets32.py`). Celery drains: "
+            f"{celery_params.runs} repetition(s), every contender once per repetition in a "
+            "fresh random order, each ratio the median of the per-repetition ratios (the "
+            "floor is a plain task whose body takes `SET NX PX` and releases with an "
+            "owner-checked Lua delete); lock CPU per task is a contender's producer + worker "
+            "processes + lock Redis CPU per task minus plain's in the same repetition, its "
+            "ratio to celery-once's paired the same way; our own Python comes from the "
+            "CPU-time sampler of the profile section; round trips from the MONITOR audit; "
+            "the hot key from its section (park against the baseline, paired per run). How "
+            "each figure is measured: the sections below.", "",
+            *targets32.table(rows32)]  # fmt: skip
     rows24 = targets24.rows(lock, celery, memory, fair)
     out += ["", "## Targets (issue 24)", "", above, "",
             "Each row computed from this run (`benchmarks/targets24.py`); ratios to "
-            "python-redis-lock are medians of per-run ratios (B) or ratios of medians (C, "
-            "Celery); lock CPU per task is a contender's producer + worker processes + lock "
-            "Redis CPU per task minus the plain task's. How each figure is measured: the "
-            "sections below.", "", *targets24.table(rows24)]  # fmt: skip
+            "python-redis-lock are medians of per-run ratios (B) or ratios of medians (C); "
+            "Celery ratios are medians of per-repetition ratios; lock CPU per task is a "
+            "contender's producer + worker processes + lock Redis CPU per task minus the "
+            "plain task's. How each figure is measured: the sections below.", "",
+            *targets24.table(rows24)]  # fmt: skip
     fair_png = pngs.get("fair")
     if fair_png is not None:
         shown = os.path.relpath(fair_png, rel) if rel is not None else str(fair_png)
@@ -471,6 +472,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 tasks=celery_params.tasks,
                 concurrency=celery_params.concurrency,
                 runs=celery_params.runs,
+                seed=celery_params.seed,
                 audit=celery_params.audit_tasks,
             ),
             "",
@@ -479,7 +481,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if memory is not None:
         out += ["", *bench_memory.section(memory, above=above)]
     if profile:
-        out += ["", *profile_task.section(profile, profile_tasks, above=above)]
+        out += ["", *profile_task.section(profile, profile_tasks, above, sample_tasks)]
     if hotkey:
         png = pngs.get("hotkey")
         img = None if png is None else os.path.relpath(png, rel) if rel is not None else str(png)
@@ -496,7 +498,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         if pngs.get("locks") is not None:
             shown = os.path.relpath(pngs["locks"], Path(args.readme).parent)  # type: ignore[arg-type]
         summary = readme_summary(lock, celery, stamp=stamp, runs=lock_params.runs,
-                                 cpus=lock_info["nproc"], img=shown, rows24=rows24)  # fmt: skip
+                                 cpus=lock_info["nproc"], img=shown, rows24=rows24,
+                                 rows32=rows32)  # fmt: skip
         replace_block(Path(args.readme), README_BEGIN, README_END, summary)
         print(f"wrote {args.readme}", file=sys.stderr)
     if args.json:
@@ -510,7 +513,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                  "celery_audits": audits, "celery": celery,
                  "hotkey_params": vars(hotkey_params), "hotkey_results": hotkey_results,
                  "memory": memory, "profile": profile,
-                 "hotkey": hotkey},
+                 "hotkey": hotkey, "targets32": [vars(r) for r in rows32]},
                 fh, indent=1, default=str,
             )  # fmt: skip
     print(f"took {total_s / 60:.1f} min; load average at end {loads['end']}", file=sys.stderr)

@@ -158,7 +158,9 @@ def lock_rows(
 
 
 def celery_rows(celery: dict[str, Result]) -> list[Row]:
-    """Rows 5 and 6: Celery drains (ratios of medians to plain) and lock CPU per task."""
+    """Rows 5 and 6: Celery drains (``bench_celery.summarise``'s ratios to plain) and lock
+    CPU per task against celery-once's (its paired ``lock_cpu_x_once`` when the summary has
+    one, else the ratio of the two medians)."""
 
     def get(name: str, field: str) -> float:
         row = celery.get(name) or {}
@@ -180,7 +182,9 @@ def celery_rows(celery: dict[str, Result]) -> list[Row]:
             )
         )
         cpu = get(name, "lock_cpu_us")
-        x = cpu / once if once and not math.isnan(once) and once > 0 else NAN
+        x = get(name, "lock_cpu_x_once")
+        if math.isnan(x):
+            x = cpu / once if once and not math.isnan(once) and once > 0 else NAN
         out.append(
             Row(
                 f"5. Celery, trivial tasks, {scope} scope: lock CPU per task (producer + worker "

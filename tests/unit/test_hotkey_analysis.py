@@ -124,21 +124,33 @@ def run(cold_done: float, **more: Any) -> dict[str, Any]:
     }  # fmt: skip
 
 
-def test_the_ratio_to_the_baseline_is_a_ratio_of_medians() -> None:
-    """Medians per policy over the ok runs, then park's median over the baseline's."""
+def test_the_ratio_to_the_baseline_is_paired_per_run() -> None:
+    """Medians per policy over the ok runs; the ratio is the median over runs of park's
+    figure over the baseline's in the same run (1.5/1.0, 1.2/2.0, 9.0/1.2), not the ratio
+    of the medians (1.5/1.2)."""
     results = {
         "none": [run(1.0), run(2.0), run(1.2)],
         "park": [run(1.5), run(1.2), run(9.0)],
     }
     summary = summarise(results)
     assert summary["park"]["cold_done_s"] == pytest.approx(1.5)
-    assert summary["park"]["ratio"] == pytest.approx(1.5 / 1.2)
+    assert summary["park"]["ratio"] == pytest.approx(1.5)
     assert (summary["park"]["cold_done_min"], summary["park"]["cold_done_max"]) == (1.2, 9.0)
     assert summary["none"]["ratio"] == pytest.approx(1.0)
     rendered = table(summary).splitlines()
     assert len(rendered) == 4  # header, rule, one row per policy in the results
-    assert "| 1.50 (1.20–9.00) | 1.25x | 2.0 | 4.0 (9) | 0 (runs: 0, 0, 0; 0; 0) |" in rendered[3]
+    assert "| 1.50 (1.20–9.00) | 1.50x | 2.0 | 4.0 (9) | 0 (runs: 0, 0, 0; 0; 0) |" in rendered[3]
     assert rendered[3].endswith("| 1.50 | 1.00 = 0.30 + 0.50 + 0.20 | ok (3/3 runs) |")
+
+
+def test_a_failed_run_on_either_side_leaves_its_pair_out() -> None:
+    """Runs are matched by their ``run`` number; a run whose baseline or own measurement
+    failed gives no ratio."""
+    results = {
+        "none": [run(1.0, run=0), {"status": "stalled", "run": 1}, run(2.0, run=2)],
+        "park": [run(3.0, run=2), run(5.0, run=1), run(1.2, run=0)],
+    }
+    assert summarise(results)["park"]["ratio"] == pytest.approx((3.0 / 2.0 + 1.2 / 1.0) / 2)
 
 
 def test_a_policy_with_a_violation_shows_no_figures() -> None:
