@@ -47,7 +47,8 @@ and lists every :class:`Violation`. The invariants, for every call the driver ma
    call's arguments render (:func:`limit_shares`, as the package renders it: limits of
    every task share one name space), the total weight of the runs inside it (body
    intervals as for ``overlap``: a killed run is inside until its kill, one whose lease was
-   lost until it last saw it valid) never passes the limit's number when a run enters
+   lost until it last saw it valid, which is its start when it never saw it valid: judged
+   as it enters, then out) never passes the limit's number when a run enters
    (``limit_exceeded``: the limit, its peak, the number allowed, the runs inside).
 9. **No lease is lost** unless the run's faults could cost one (``lease_lost``: the
    runner's stalls are shorter than the lease; the soak pauses workers past it).
@@ -680,41 +681,61 @@ def _check_limits(run: _Run) -> None:
     starts at one moment, as the overlap check counts them): a run that enters while the
     weight inside plus its own passes its number opens an episode, which lasts until the
     weight inside is back within that number, and is flagged once with every run inside
-    during it and the peak weight."""
+    during it and the peak weight. A run with no extent (its lease lost before it first
+    saw it valid) is judged as it enters and leaves at once, as ``overlap`` judges it."""
     per_name: dict[str, list[tuple[float, int, int, int, BodyRun]]] = defaultdict(list)
+    at_once: set[str] = set()
     for body in run.obs.bodies:
         mode = run.modes[body.mode]
         if not mode.limits:
             continue
         weight, numbers = limit_shares(mode, _bound(run, body))
         start, end, _ = _occupancy(run, mode, body)
+        if end <= start:
+            at_once.add(body.id)  # its end would sort before its own start
         for name, number in numbers.items():
             per_name[name].append((start, 1, weight, number, body))
-            per_name[name].append((max(end, start), 0, weight, number, body))
+            if end > start:
+                per_name[name].append((end, 0, weight, number, body))
     for name, events in per_name.items():
         events.sort(key=lambda event: (event[0], event[1]))
-        inside: dict[str, tuple[int, BodyRun]] = {}
-        episode: dict[str, Any] | None = None
-        seen = run.limit_peaks.setdefault(name, {"peak": 0, "number": events[0][3]})
-        for moment, starts, weight, number, body in events:
-            if not starts:
-                inside.pop(body.id, None)
-                total = sum(w for w, _ in inside.values())
-                if episode is not None and total <= episode["allowed"]:
-                    _flag_limit(run, name, episode, moment)
-                    episode = None
-                continue
-            inside[body.id] = (weight, body)
-            total = sum(w for w, _ in inside.values())
-            seen["peak"], seen["number"] = max(seen["peak"], total), min(seen["number"], number)
-            if episode is None and total > number:
-                episode = {"allowed": number, "peak": total, "first": body, "start": moment,
-                           "runs": dict(inside)}  # fmt: skip
-            elif episode is not None:
-                episode["peak"] = max(episode["peak"], total)
-                episode["runs"][body.id] = (weight, body)
-        if episode is not None:
-            _flag_limit(run, name, episode, run.obs.ended)
+        _sweep_limit(run, name, events, at_once)
+
+
+def _sweep_limit(
+    run: _Run, name: str, events: list[tuple[float, int, int, int, BodyRun]], at_once: set[str]
+) -> None:
+    """Sweep the sorted (moment, starts, weight, number, body) events of limit ``name``
+    (see :func:`_check_limits`); a run in ``at_once`` leaves right after it enters."""
+    inside: dict[str, tuple[int, BodyRun]] = {}
+    episode: dict[str, Any] | None = None
+    seen = run.limit_peaks.setdefault(name, {"peak": 0, "number": events[0][3]})
+
+    def leave(body: BodyRun, moment: float) -> None:
+        nonlocal episode
+        inside.pop(body.id, None)
+        total = sum(w for w, _ in inside.values())
+        if episode is not None and total <= episode["allowed"]:
+            _flag_limit(run, name, episode, moment)
+            episode = None
+
+    for moment, starts, weight, number, body in events:
+        if not starts:
+            leave(body, moment)
+            continue
+        inside[body.id] = (weight, body)
+        total = sum(w for w, _ in inside.values())
+        seen["peak"], seen["number"] = max(seen["peak"], total), min(seen["number"], number)
+        if episode is None and total > number:
+            episode = {"allowed": number, "peak": total, "first": body, "start": moment,
+                       "runs": dict(inside)}  # fmt: skip
+        elif episode is not None:
+            episode["peak"] = max(episode["peak"], total)
+            episode["runs"][body.id] = (weight, body)
+        if body.id in at_once:
+            leave(body, moment)
+    if episode is not None:
+        _flag_limit(run, name, episode, run.obs.ended)
 
 
 def _flag_limit(run: _Run, name: str, episode: dict[str, Any], until: float) -> None:

@@ -466,6 +466,61 @@ def test_a_killed_run_leaves_a_limit_at_its_kill() -> None:
     ]
 
 
+def _lost_at_start(r: Records, call: Call, start: float) -> BodyRun:
+    """``call`` ran with its lease already lost when its body began (its reply came back
+    after its lease ran out: a lock Redis stopped past the lease): it never saw the lease
+    valid, and stopped 10 ms later."""
+    r.ran(call, start, start + 0.01, how="lease_lost")
+    body = r.obs.bodies[-1]
+    body.trusted = start
+    return body
+
+
+def test_a_run_whose_lease_was_lost_as_it_began_leaves_the_limit_at_once() -> None:
+    """As for overlap, a run that lost its lease is inside a limit until the last moment
+    it saw the lease valid, also when that moment is its start (soak seed 228887009: two
+    such runs stayed counted for 28 s and 19 runs admitted after them were flagged). It is
+    still judged as it enters, and a lost lease seen valid for a while counts that long."""
+    r = Records()
+    r.obs.leases_may_be_lost = True
+    heavy = r.call("stack_wait", 2.0)  # n=0: weight 2
+    first, second = r.call("stack_skip", 1.0), r.call("stack_skip", 1.0)  # n=1, 2: weight 1
+    other = r.call("stack_raise", 2.1, key="k1")  # n=3: weight 2
+    _lost_at_start(r, first, 1.0)
+    _lost_at_start(r, second, 1.0005)
+    r.ran(heavy, 2.0, 3.0, pid=11)  # grp:k0 2 of 3, global 2 of 4
+    r.ran(other, 2.1, 2.8, pid=12)  # global 4 of 4
+    verdict = check(r.obs)
+    assert verdict.violations == []
+    assert verdict.figures["limits"] == {
+        "global": {"peak": 4, "number": 4},
+        "grp:k0": {"peak": 2, "number": 3},
+        "grp:k1": {"peak": 2, "number": 3},
+    }
+    # The overlap check judges such a run the same way (run_wait: one run of a key).
+    one, two = r.call("run_wait", 4.0), r.call("run_wait", 4.1)
+    lost = _lost_at_start(r, one, 4.0)
+    r.ran(two, 4.5, 5.0, pid=13)
+    assert check(r.obs).violations == []
+    lost.trusted, lost.end = 4.6, 4.7  # seen valid until 4.6: call 5 entered at 4.5
+    assert [(v.kind, v.calls) for v in check(r.obs).violations] == [("overlap", [4, 5])]
+    lost.trusted, lost.end = 4.0, 4.01
+    # A run whose lease was seen valid until 2.5 s is inside until then: call 3 entering
+    # at 2.1 makes global 1 + 2 + 2 = 5.
+    r.obs.bodies[1].trusted, r.obs.bodies[1].end = 2.5, 2.6
+    assert [(v.kind, v.key, v.calls) for v in check(r.obs).violations] == [
+        ("limit_exceeded", "global", [0, 2, 3])
+    ]
+    r.obs.bodies[1].trusted, r.obs.bodies[1].end = 1.0005, 1.0105
+    # A run that enters a full limit is flagged as it enters, its lease lost or not.
+    late = r.call("stack_retry", 2.2, key="k2")  # n=6: weight 2, global 2 + 2 + 2
+    _lost_at_start(r, late, 2.2)
+    found = check(r.obs).violations
+    assert [(v.kind, v.key, v.calls) for v in found] == [("limit_exceeded", "global", [0, 3, 6])]
+    assert "peak weight 6 (allowed 4)" in found[0].got
+    assert found[0].window == (2.0, 2.2)
+
+
 def test_the_limits_are_read_from_the_mode() -> None:
     """A mode of the caller's own (a fixed weight, a template over the key) is judged by
     its own numbers; a restart of the lock Redis in the window is counted apart."""

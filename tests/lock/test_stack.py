@@ -6,12 +6,14 @@ renewal keeps them; planted garbage never reads as room; one round trip per acqu
 
 from __future__ import annotations
 
+import contextlib
 import random
 import re
 import threading
 import time
 import uuid
 from collections.abc import Callable
+from typing import Any
 
 import pytest
 import redis
@@ -530,3 +532,64 @@ def test_two_waiters_never_leave_room_for_each_other(client: redis.Redis, prefix
     x.release()
     assert y.acquire(blocking=False)
     y.release()
+
+
+def test_a_take_answered_after_its_lease_keeps_its_shares_until_released(
+    fresh_server: RedisServer, prefix: str
+) -> None:
+    """A take sent while the server is stopped, and run only once it continues after the
+    client's lease ran out (a chaos soak's redis_stop longer than the lease): the client
+    reports its lease lost at once, but the server runs the take with a fresh lease, and
+    its shares keep the limit full until the run releases them. So a run that began with
+    its lease lost was never beyond a limit; the invariant checker judges it as it enters
+    and counts it for nothing after."""
+    sent = threading.Event()
+
+    class Sent(redis.Connection):
+        """Records that a command left the client (when the take was sent)."""
+
+        def send_packed_command(self, command: Any, check_health: bool = True) -> None:
+            super().send_packed_command(command, check_health)
+            sent.set()
+
+    def live(client: redis.Redis, token: str | None) -> bool:
+        """Whether the server holds that share and its lease has not ended (read at once)."""
+        pipe = client.pipeline(transaction=True)
+        pipe.time().zscore(stack_base(prefix) + "limit:global", f"1:{token}")
+        (seconds, micros), score = pipe.execute()
+        return score is not None and score > seconds * 1000 + micros // 1000
+
+    pool = redis.ConnectionPool(connection_class=Sent, port=fresh_server.port, socket_timeout=60)
+    with redis.Redis(connection_pool=pool) as client, contextlib.closing(pool):
+        lock = make(client, prefix)
+        warm = lock("warm", per_tenant=1, in_all=1)  # loads the scripts: one send per take
+        assert warm.acquire(blocking=False)
+        warm.release()
+        late = lock("late", per_tenant=1, in_all=1, timeout=2, auto_renew=False)
+        got: list[bool] = []
+        fresh_server.pause()
+        try:
+            sent.clear()
+            thread = threading.Thread(target=lambda: got.append(late.acquire(blocking=False)))
+            thread.start()
+            assert sent.wait(30)
+            waited_from = time.monotonic()
+            while time.monotonic() < waited_from + 2.2:  # the client's lease (2 s) runs out
+                time.sleep(0.1)
+        finally:
+            fresh_server.resume()
+        thread.join(30)
+        assert got == [True]
+        assert late.lease_lost  # dated from before the send: gone before the answer came
+        rival = lock("rival", per_tenant=1, in_all=1)
+        took = rival.acquire(blocking=False)
+        if live(client, late.token):  # then it was live at the rival's take too
+            assert not took
+            assert rival.held_back_by is not None
+        with contextlib.suppress(LockNotOwned):  # raised only once the server let it go
+            late.release()
+        assert not live(client, late.token)
+        if not took:
+            assert rival.acquire(blocking=False)
+        assert live(client, rival.token)
+        rival.release()
