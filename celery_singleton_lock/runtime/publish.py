@@ -60,7 +60,7 @@ def locked_apply_async(
     locking = _with_call_options(task, locking, options)
     call = Publish(task, send, tuple(args or ()), dict(kwargs or {}), options, locking)
     plan = locking.plan
-    for mode in plan.hooks:
+    for mode in plan.before_publish:
         published = mode.before_publish(call)
         if published is not None:
             return published
