@@ -8,8 +8,7 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
-import celery_singleton_lock.runtime as runtime
-from celery_singleton_lock import options
+from celery_singleton_lock import options, runtime
 from celery_singleton_lock.modes import POLICIES, SCOPES
 
 RUNTIME = Path(runtime.__file__).parent
@@ -50,4 +49,5 @@ def test_the_check_sees_a_name() -> None:
     """The scan does find a literal equal to a registered value (a test that can fail)."""
     tree = ast.parse('if options.order == "enqueue":\n    pass\n')
     texts = [n.value for n in ast.walk(tree) if isinstance(n, ast.Constant)]
-    assert "enqueue" in texts and "enqueue" in registered_values()
+    assert "enqueue" in texts
+    assert "enqueue" in registered_values()
