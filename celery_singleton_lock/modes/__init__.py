@@ -28,11 +28,13 @@ from celery_singleton_lock.modes.park import Park
 from celery_singleton_lock.modes.policies import Raise, Retry, Skip, Wait
 from celery_singleton_lock.modes.scope import QueueScope, RunScope
 from celery_singleton_lock.modes.throttle import Throttle
+from celery_singleton_lock.modes.watch import RaiseOnLost
 from celery_singleton_lock.options import OPTION_RULES, Combination, LockOptions, Settings
 
 __all__ = [
     "COMBINATIONS",
     "MODES",
+    "PHASES",
     "POLICIES",
     "SCOPES",
     "ConflictPolicy",
@@ -63,6 +65,7 @@ MODES: tuple[type[Mode], ...] = (
     Throttle,
     ReleaseAtStart,
     HoldAfterSuccess,
+    RaiseOnLost,
 )
 
 #: Every rule about options that cannot go together: the options' own, then each mode's.
@@ -73,13 +76,46 @@ COMBINATIONS: tuple[Combination, ...] = OPTION_RULES + tuple(
 )
 
 
+#: The hooks a phase of the pipelines calls (:class:`~.base.Mode`'s methods of those names).
+PHASES = (
+    "claim",
+    "deliver",
+    "admit",
+    "start",
+    "guard",
+    "release",
+    "forget",
+    "finished_keep",
+    "busy_countdown",
+    "before_publish",
+)
+
+
+def _overrides(hooks: tuple[Mode, ...], phase: str) -> tuple[Mode, ...]:
+    """Those of ``hooks`` whose class changes ``phase`` (the others would only pass)."""
+    default = getattr(Mode, phase)
+    return tuple(mode for mode in hooks if getattr(type(mode), phase) is not default)
+
+
 @dataclass(frozen=True)
 class Plan:
-    """What the pipelines call for one set of effective options."""
+    """What the pipelines call for one set of effective options: for each phase, only the
+    policy, scope and modes that do something there, so a task pays for the modes it has
+    and nothing else (a task with default options calls no hook at all)."""
 
     policy: ConflictPolicy
     scope: Scope
     modes: tuple[Mode, ...]
+    claim: tuple[Mode, ...] = ()
+    deliver: tuple[Mode, ...] = ()
+    admit: tuple[Mode, ...] = ()
+    start: tuple[Mode, ...] = ()
+    guard: tuple[Mode, ...] = ()
+    release: tuple[Mode, ...] = ()
+    forget: tuple[Mode, ...] = ()
+    finished_keep: tuple[Mode, ...] = ()
+    busy_countdown: tuple[Mode, ...] = ()
+    before_publish: tuple[Mode, ...] = ()
 
     @property
     def hooks(self) -> tuple[Mode, ...]:
@@ -90,8 +126,11 @@ class Plan:
 @functools.lru_cache(maxsize=256)
 def plan_for(options: LockOptions) -> Plan:
     """The plan of a task (or of one call with per-call options)."""
+    policy, scope = POLICIES[options.on_conflict], SCOPES[options.scope]
     modes = tuple(mode() for mode in MODES if mode.applies(options))
-    return Plan(POLICIES[options.on_conflict], SCOPES[options.scope], modes)
+    hooks = (scope, *modes, policy)
+    phases = {phase: _overrides(hooks, phase) for phase in PHASES}
+    return Plan(policy, scope, modes, **phases)
 
 
 def check_combinations(options: LockOptions, where: str, settings: Settings | None = None) -> None:

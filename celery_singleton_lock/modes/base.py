@@ -14,6 +14,7 @@ from the runtime.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, ClassVar, NamedTuple, Protocol
 
@@ -254,10 +255,18 @@ class Mode:
         (nothing is released at its end)."""
         return True
 
+    def guard(self, run: Run) -> contextlib.AbstractContextManager[None]:
+        """What the body runs inside, as the holder (the mode watches over it)."""
+        return contextlib.nullcontext()
+
     def release(self, ending: Release, state: str | None) -> bool:
         """The hold is being given up (``state``: how the run ended, None for a lost run):
         True when the mode dealt with the key itself (handed it on, kept it)."""
         return False
+
+    def forget(self, client: LockClient, key: str, task_id: str) -> None:
+        """A call of ``key`` that is not running (its message lost, dropped or revoked, no
+        hold of it left) will never run: drop what the mode keeps for it in the lock Redis."""
 
     def finished_keep(self, options: LockOptions) -> float | None:
         """Seconds a finished run's task id must be remembered beside its key (so a late
@@ -324,6 +333,14 @@ class ConflictPolicy(Mode):
         when the policy took the key for the run after all (it freed meanwhile): the run
         goes on as if its first try had taken it."""
         raise NotImplementedError
+
+    def limited_comes_back(self, scope: Scope) -> str | None:
+        """A stacked limit had no room for a run whose key was free: the policy reported
+        (``lock_conflict``) when the call comes back later as another delivery rather than
+        meet this policy now, else None. A queue-scope call was accepted when it was
+        published (its duplicates were given its result), so it comes back; a run-scope
+        run meets the policy."""
+        return "retry" if scope.at_publish else None
 
     def limited(self, run: Run) -> bool:
         """A stacked limit held the run back, and the call will come back as another

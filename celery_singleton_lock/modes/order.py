@@ -35,6 +35,7 @@ from celery_singleton_lock.modes.scope import drop_late_copy
 from celery_singleton_lock.options import Combination
 
 if TYPE_CHECKING:
+    from celery_singleton_lock.engine.wire import LockClient
     from celery_singleton_lock.modes.base import AnyResult, Publish, Run
     from celery_singleton_lock.options import LockOptions
 
@@ -127,3 +128,7 @@ class Order(Mode):
 
     def finished_keep(self, options: LockOptions) -> float | None:
         return options.queue_timeout  # a late copy of a call that ran is dropped
+
+    def forget(self, client: LockClient, key: str, task_id: str) -> None:
+        """A call that will never run does not hold up the calls behind it in the line."""
+        atomic.order_leave(client, key, task_id)

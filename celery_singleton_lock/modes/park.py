@@ -60,7 +60,7 @@ from celery_singleton_lock.options import Combination, no_scripts
 if TYPE_CHECKING:
     from celery_singleton_lock.engine import Holder, RedisLock
     from celery_singleton_lock.engine.wire import LockClient
-    from celery_singleton_lock.modes.base import AnyResult, Publish, Release, Run
+    from celery_singleton_lock.modes.base import AnyResult, Publish, Release, Run, Scope
     from celery_singleton_lock.options import LockOptions
 
 __all__ = [
@@ -112,6 +112,9 @@ class Park(ConflictPolicy):
     @classmethod
     def applies(cls, options: LockOptions) -> bool:
         return options.on_conflict == cls.name
+
+    def limited_comes_back(self, scope: Scope) -> str | None:
+        return self.reported  # parked, in either scope, until its limits have room
 
     def claim(self, task_id: str, options: LockOptions) -> str | None:
         """A call handed the key from the park queue holds it under its grant, a token

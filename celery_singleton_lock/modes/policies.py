@@ -21,7 +21,7 @@ from celery_singleton_lock.modes.base import ConflictPolicy
 
 if TYPE_CHECKING:
     from celery_singleton_lock.engine import Holder, RedisLock
-    from celery_singleton_lock.modes.base import AnyResult, Publish, Run
+    from celery_singleton_lock.modes.base import AnyResult, Publish, Run, Scope
     from celery_singleton_lock.options import LockOptions
 
 __all__ = [
@@ -269,6 +269,9 @@ class Wait(ConflictPolicy):
 
     name = reported = "wait"
 
+    def limited_comes_back(self, scope: Scope) -> str | None:
+        return None  # held back by a limit, the call meets this policy in either scope
+
     def acquire(self, run: Run) -> bool:
         if run.lock.acquire(blocking=False):
             return True
@@ -329,6 +332,9 @@ class Raise(ConflictPolicy):
     """The task fails with ``TaskLocked`` (``TaskThrottled`` when throttled)."""
 
     name = reported = "raise"
+
+    def limited_comes_back(self, scope: Scope) -> str | None:
+        return None  # held back by a limit, the call meets this policy in either scope
 
     def conflict(self, run: Run, holder: Holder | None) -> Any:
         tell(run, "raise", holder)

@@ -41,7 +41,7 @@ else:
     AnyTask = Any
     AnyResult = Any
 
-__all__ = ["RUN_ATTR", "Publish", "Run", "current_lock", "holding", "publish_past_lock"]
+__all__ = ["CURRENT", "RUN_ATTR", "Publish", "Run", "current_lock", "holding", "publish_past_lock"]
 
 log = logging.getLogger("celery_singleton_lock.task")
 
@@ -50,22 +50,23 @@ RUN_ATTR = "singleton_lock"
 #: Retries after a Redis outage wait at most this long (seconds) before trying again.
 OUTAGE_COUNTDOWN = 5.0
 
-_current: ContextVar[RedisLock | None] = ContextVar("singleton_lock_current", default=None)
+#: The lock held by the task running in this thread or context (``current_lock()``).
+CURRENT: ContextVar[RedisLock | None] = ContextVar("singleton_lock_current", default=None)
 
 
 def current_lock() -> RedisLock | None:
     """The lock held by the task running in this thread or context, or None."""
-    return _current.get()
+    return CURRENT.get()
 
 
 @contextlib.contextmanager
 def holding(lock: RedisLock) -> Any:
     """``current_lock()`` is ``lock`` inside the block."""
-    token = _current.set(lock)
+    token = CURRENT.set(lock)
     try:
         yield
     finally:
-        _current.reset(token)
+        CURRENT.reset(token)
 
 
 @dataclass(eq=False)
@@ -131,7 +132,7 @@ class Run:
 
     def countdown(self, holder: Holder | None) -> float:
         wait = countdown(self.options, holder, self.retries)
-        for mode in self.locking.plan.hooks:
+        for mode in self.locking.plan.busy_countdown:
             wait = mode.busy_countdown(self, wait)
         return wait
 

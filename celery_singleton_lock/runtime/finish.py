@@ -44,7 +44,7 @@ def release_after_run(task: Any, task_id: str, state: str | None) -> None:
 def finished_record(run: Run) -> Record | None:
     """The record of ``run``'s task id as finished, kept as long as the plan's modes ask
     (None when none does)."""
-    keeps = [mode.finished_keep(run.options) for mode in run.locking.plan.hooks]
+    keeps = [mode.finished_keep(run.options) for mode in run.locking.plan.finished_keep]
     longest = max((keep for keep in keeps if keep is not None), default=None)
     if longest is None:
         return None
@@ -62,9 +62,9 @@ def finish(run: Run, state: str | None) -> None:
     # A retry that did not take the hold over (it locks other arguments, or was published
     # past a held key) frees it now rather than leave it to its lease. Any other end records
     # the task id as finished, in the same step, when a mode needs that remembered.
-    if state != states.RETRY:
+    if state != states.RETRY and plan.finished_keep:
         run.record = finished_record(run)
-    for mode in plan.hooks:
+    for mode in plan.release:
         if mode.release(run, state):
             return
     try:

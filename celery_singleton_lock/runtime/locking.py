@@ -4,6 +4,7 @@ lock object of a publish or of one delivery's run."""
 from __future__ import annotations
 
 import dataclasses
+import functools
 import inspect
 import json
 import math
@@ -19,7 +20,7 @@ from celery_singleton_lock._observe import RunLock
 from celery_singleton_lock.client import LockClient, redis_for
 from celery_singleton_lock.config import settings_for
 from celery_singleton_lock.engine.stack import Stack
-from celery_singleton_lock.keys import check_lock_keys, signature_names, task_lock_key
+from celery_singleton_lock.keys import KeyBuilder, check_lock_keys, key_builder, signature_names
 from celery_singleton_lock.limits import call_stack, check_limit_fields, stack_tag
 from celery_singleton_lock.modes import Plan, check_combinations, plan_for
 from celery_singleton_lock.modes.scope import queue_token, task_group
@@ -74,10 +75,18 @@ class TaskLocking:
     options: LockOptions
     serializer: str = "json"
 
-    @property
+    @functools.cached_property
     def plan(self) -> Plan:
         """The policy, scope and modes these options select."""
         return plan_for(self.options)
+
+    @functools.cached_property
+    def _holder_info(self) -> tuple[int, str, str]:
+        """The holder info a run's lock writes in this process (its pid), as the JSON
+        text before and after the task id: the rest is the same for every run here."""
+        marker = "\x00task-id\x00"
+        before, _, after = self._info(marker).partition(json.dumps(marker))
+        return os.getpid(), before, after
 
     def key(
         self, args: Any, kwargs: Any, *, received: bool = False, serializer: str | None = None
@@ -88,14 +97,14 @@ class TaskLocking:
         tuples into lists, int dict keys into strings, enums into their values)."""
         if not received:
             args, kwargs = wire_form(args, kwargs, serializer or self.serializer)
-        return task_lock_key(
-            self.settings.prefix,
-            self.task_name,
-            self.func,
-            tuple(args or ()),
-            dict(kwargs or {}),
-            self.options.keys,
-            tag=stack_tag(self.settings.prefix) if self.options.limits else None,
+        return self._key_of(tuple(args or ()), dict(kwargs or {}))
+
+    @functools.cached_property
+    def _key_of(self) -> KeyBuilder:
+        """The key of a call's (received) arguments, built for this task once."""
+        tag = stack_tag(self.settings.prefix) if self.options.limits else None
+        return key_builder(
+            self.settings.prefix, self.task_name, self.func, self.options.keys, tag=tag
         )
 
     def stack(self, args: Any, kwargs: Any, *, received: bool = False) -> Stack | None:
@@ -126,6 +135,28 @@ class TaskLocking:
         check_combinations(options, f"task {self.task_name!r} with per-call options", self.settings)
         return dataclasses.replace(self, options=options)
 
+    def _info(self, task_id: str, *, queued: bool = False) -> str:
+        """The holder info of a lock of ``task_id`` (``queued``: taken at publish)."""
+        info: dict[str, Any] = {
+            "task_id": task_id,
+            "task": self.task_name,
+            "host": HOST,
+            "pid": os.getpid(),
+            "proc": process_identity(),
+        }
+        if queued:
+            info["queued"] = True
+        return json.dumps(info, sort_keys=True, separators=(",", ":"))
+
+    def _fast_info(self, task_id: str) -> str:
+        """``_info`` of a run from the cached template (rebuilt in a forked child, whose
+        pid differs)."""
+        pid, before, after = self._holder_info
+        if pid != os.getpid():
+            del self.__dict__["_holder_info"]
+            pid, before, after = self._holder_info
+        return before + json.dumps(task_id) + after
+
     def client(self, app: Any) -> LockClient:
         """The lock Redis client of ``app`` in this process."""
         return redis_for(app, self.settings.url)
@@ -148,21 +179,16 @@ class TaskLocking:
         token to take over. ``stack``: the stacked limits a run (not a publish) also takes
         a share of.
         """
-        info: dict[str, Any] = {
-            "task_id": task_id,
-            "task": self.task_name,
-            "host": HOST,
-            "pid": os.getpid(),
-            "proc": process_identity(),
-        }
-        if queued:
-            info["queued"] = True
         options = self.options
-        if claim is None and not queued:
-            claim = next(
-                (token for mode in self.plan.hooks if (token := mode.claim(task_id, options))),
-                None,
-            )
+        if queued:
+            holder_info = self._info(task_id, queued=True)
+        else:
+            holder_info = self._fast_info(task_id)
+            if claim is None:
+                claim = next(
+                    (token for mode in self.plan.claim if (token := mode.claim(task_id, options))),
+                    None,
+                )
         return RunLock(
             self.client(app),
             key,
@@ -173,7 +199,7 @@ class TaskLocking:
             claim=claim,
             limit=options.limit,
             group=task_group(task_id) if options.limit > 1 else None,
-            holder_info=json.dumps(info, sort_keys=True, separators=(",", ":")),
+            holder_info=holder_info,
             replicas=options.replicas,
             fair_after=options.fair_after,
             stack=None if queued else stack,

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 from celery_singleton_lock.client import redis_for
 from celery_singleton_lock.config import settings_for
-from celery_singleton_lock.engine import RedisLock, atomic
+from celery_singleton_lock.engine import RedisLock
 from celery_singleton_lock.exceptions import LockNotOwned
 from celery_singleton_lock.runtime import headers as hdr
 from celery_singleton_lock.runtime.context import publish_past_lock
@@ -91,7 +91,7 @@ class LostRun:
     def release(self) -> bool:
         """Free the hold (owner-checked), unless a mode deals with the key (hands it to a
         pending follow-up); whether it was freed or handed on."""
-        for mode in self.locking.plan.hooks:
+        for mode in self.locking.plan.release:
             if mode.release(self, None):
                 return True
         try:
@@ -169,9 +169,8 @@ def release_for_lost_run(task: Any, task_id: str, args: Any, kwargs: Any, reques
     probe = locking.new_lock(task.app, key, task_id)
     holder = task_holder(probe, task_id)
     if holder is None or holder.token is None:
-        if locking.options.order == "enqueue":
-            # not running: the calls behind it in its key's line do not wait for it
-            atomic.order_leave(probe.client, key, task_id)
+        for mode in locking.plan.forget:  # not running: its modes let go of it
+            mode.forget(probe.client, key, task_id)
         return False
     owner = RedisLock(
         probe.client,

@@ -24,7 +24,7 @@ ProcessState = Literal["gone", "running"] | None
 def _read(path: str) -> str | None:
     try:
         with open(path, "rb") as found:
-            return found.read().decode("ascii", "replace").strip()
+            return found.read().decode("ascii", "backslashreplace").strip()
     except OSError:
         return None
 

@@ -58,9 +58,11 @@ def locked_apply_async(
     if locking is None:
         return send(args, kwargs, **options)
     locking = _with_call_options(task, locking, options)
-    call = Publish(task, send, tuple(args or ()), dict(kwargs or {}), options, locking)
     plan = locking.plan
-    for mode in plan.hooks:
+    if not plan.before_publish and not plan.scope.at_publish:
+        return send(args, kwargs, **options)  # nothing happens at publish for this task
+    call = Publish(task, send, tuple(args or ()), dict(kwargs or {}), options, locking)
+    for mode in plan.before_publish:
         published = mode.before_publish(call)
         if published is not None:
             return published

@@ -14,6 +14,7 @@ of this very message is taken over, and a live one makes this delivery come back
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
 from collections.abc import Callable
@@ -27,14 +28,14 @@ from celery_singleton_lock import _observe as observe
 from celery_singleton_lock.exceptions import LockBackendError, LockNotOwned, TaskLocked
 from celery_singleton_lock.modes.base import ACQUIRED
 from celery_singleton_lock.modes.held import hold_back
+from celery_singleton_lock.modes.policies import Retry as RetryPolicy
 from celery_singleton_lock.modes.policies import locked, tell
 from celery_singleton_lock.modes.scope import queue_owner
 from celery_singleton_lock.runtime import headers as hdr
-from celery_singleton_lock.runtime.context import RUN_ATTR, Run, holding
+from celery_singleton_lock.runtime.context import CURRENT, RUN_ATTR, Run
 from celery_singleton_lock.runtime.delivery import reclaim_from_dead_delivery
 from celery_singleton_lock.runtime.finish import release_after_run
 from celery_singleton_lock.runtime.locking import TaskLocking, locking_for
-from celery_singleton_lock.runtime.watch import watching
 
 if TYPE_CHECKING:
     from celery import Task
@@ -74,10 +75,11 @@ def resolve(task: AnyTask, args: tuple[Any, ...], kwargs: dict[str, Any], call: 
     if locking is None:
         return None
     received = not request.is_eager
-    key = locking.plan.scope.carried_key(hdr.header_key(request)) or locking.key(
-        args, kwargs, received=received
+    scope = locking.plan.scope
+    key = (scope.carried_key(hdr.header_key(request)) if scope.at_publish else None) or (
+        locking.key(args, kwargs, received=received)
     )
-    stack = locking.stack(args, kwargs, received=received)
+    stack = locking.stack(args, kwargs, received=received) if locking.options.limits else None
     lock = locking.new_lock(task.app, key, str(request.id), stack=stack)
     body = functools.partial(body_of(task, call), *args, **kwargs)
     return Run(task, request, locking, key, lock, body)
@@ -108,9 +110,9 @@ def locked_call(task: AnyTask, args: tuple[Any, ...], kwargs: dict[str, Any], ca
 def before_body(run: Run) -> Callable[[], Any]:
     """The phases before the body; returns the rest of the run: the body as the holder,
     the body without the lock, or the outcome of a run that does not run it."""
-    hooks = run.locking.plan.hooks
+    plan = run.locking.plan
     try:
-        for mode in hooks:
+        for mode in plan.deliver:
             mode.deliver(run)
         acquired = run.policy.acquire(run)
         if not acquired and run.lock.held_back_by is not None:
@@ -122,7 +124,7 @@ def before_body(run: Run) -> Callable[[], Any]:
                 outcome = on_conflict(run, holders)
                 if outcome is not ACQUIRED:
                     return lambda: outcome
-        for mode in hooks:
+        for mode in plan.admit:
             if not mode.admit(run):
                 return lambda: None
     except LockBackendError as exc:
@@ -131,7 +133,7 @@ def before_body(run: Run) -> Callable[[], Any]:
         run.outage(exc)
         return run.body  # fail open: singleton_lock_fail_open runs it unlocked
     observe.acquired(run.task, run.lock, run.task_id, run.options, run.started)
-    keeps = [mode.start(run) for mode in hooks]
+    keeps = [mode.start(run) for mode in plan.start]
     setattr(run.request, RUN_ATTR, run)
     if not all(keeps):
         return run.body  # freed at its start: current_lock() is None
@@ -151,11 +153,9 @@ def on_limit(run: Run) -> Any:
     never in a worker (``modes.held``), keeping its place in the lines of the limits that
     held it back."""
     policy = run.policy
-    comes_back = policy.name == "park" or (
-        run.scope.at_publish and policy.name not in {"raise", "wait"}
-    )
-    if comes_back and not run.eager:
-        tell(run, policy.name if policy.name == "park" else "retry", None)
+    report = policy.limited_comes_back(run.scope)
+    if report is not None and not run.eager:
+        tell(run, report, None)
         if not policy.limited(run):
             set_aside(run)
     if run.scope.at_publish:
@@ -193,7 +193,7 @@ def on_conflict(run: Run, holders: list[Holder]) -> Any:
         holders, key=lambda found: found.fence or 0, default=None
     )
     if holder is not None and holder.task_id == run.task_id:
-        tell(run, "retry", holder)
+        tell(run, RetryPolicy.reported, holder)
         exc = TaskLocked(run.key, holder.task_id)
         raise run.retry(exc, run.countdown(holder), counted=False, duplicate=True)
     return run.policy.conflict(run, holder)
@@ -204,8 +204,15 @@ def body(run: Run) -> Any:
     the result: whoever sees the result (or ``task_success``) and calls again finds the key
     free."""
     state: str = states.FAILURE
+    guards = run.locking.plan.guard
+    current = CURRENT.set(run.lock)
     try:
-        with holding(run.lock), watching(run.lock, enabled=run.options.on_lost == "raise"):
+        if guards:
+            with contextlib.ExitStack() as stack:
+                for mode in guards:
+                    stack.enter_context(mode.guard(run))
+                result = run.body()
+        else:
             result = run.body()
         state = states.SUCCESS
         return result
@@ -219,4 +226,5 @@ def body(run: Run) -> Any:
         state = states.REJECTED
         raise
     finally:
+        CURRENT.reset(current)
         release_after_run(run.task, run.task_id, state)

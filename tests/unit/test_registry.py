@@ -75,6 +75,7 @@ def test_the_modes_page_documents_every_policy_and_mode_option() -> None:
         "Throttle",
         "ReleaseAtStart",
         "HoldAfterSuccess",
+        "RaiseOnLost",
     }
 
 
