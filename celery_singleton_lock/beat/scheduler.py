@@ -60,7 +60,7 @@ from celery_singleton_lock.beat.slots import (
     to_ms,
 )
 from celery_singleton_lock.client import DEFAULT_SOCKET_TIMEOUT, client_from_url, mask_url
-from celery_singleton_lock.config import settings_for
+from celery_singleton_lock.config import EX_CONFIG, settings_for
 from celery_singleton_lock.engine import beat as engine
 from celery_singleton_lock.engine.lock import RedisLock
 from celery_singleton_lock.engine.wire import LockClient, server_time
@@ -77,8 +77,6 @@ __all__ = [
 
 log = logging.getLogger("celery_singleton_lock.beat")
 
-#: sysexits.h "configuration error": what ``celery beat`` exits with on a bad setting.
-EX_CONFIG = 78
 #: The message header that tells a task which slot it was sent for (see ``scheduled_slot``).
 HEADER = "csl_beat"
 #: Seconds the slot records and heartbeats of a group outlive its last replica.

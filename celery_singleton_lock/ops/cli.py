@@ -45,7 +45,7 @@ from celery_singleton_lock.beat.config import read_beat_settings
 from celery_singleton_lock.beat.scheduler import group_key
 from celery_singleton_lock.beat.state import read_group, state_name
 from celery_singleton_lock.client import mask_url, redis_for
-from celery_singleton_lock.config import settings_for
+from celery_singleton_lock.config import EX_CONFIG, settings_for
 from celery_singleton_lock.engine.wire import LockClient, server_time
 from celery_singleton_lock.ops.admin import (
     HEADINGS,
@@ -620,8 +620,6 @@ def explain(
 
 # ------------------------------------------------------------------------------ check
 
-#: sysexits.h "configuration error": a bad singleton_lock_* setting (as the worker exits).
-EX_CONFIG = 78
 _MARKS = {OK: "ok", WARN: "WARN", FAIL: "FAIL"}
 
 
