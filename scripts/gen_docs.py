@@ -435,6 +435,13 @@ def exception_tree() -> list[str]:
     return lines
 
 
+def _label(name: str) -> str:
+    """How the drawing shows module or subpackage ``name`` (dotted, below the package):
+    ``ops/cli.py``, ``engine/``."""
+    path = ROOT / PACKAGE / Path(*name.split("."))
+    return name.replace(".", "/") + ("/" if path.is_dir() else ".py")
+
+
 def layers_markdown() -> str:
     """The layer drawing of docs/design.md: the package's layers contract top to bottom,
     every module and subpackage in it with its job; the modules no layer names; the
@@ -459,6 +466,15 @@ def layers_markdown() -> str:
         if path.is_dir() and name not in named
         and any(member.startswith(name + ".") for member in named)
     ]  # fmt: skip
+    # A module of a split folder that no layer names is in no layer either: listed below,
+    # not left out of the drawing.
+    outside += [
+        f"{name}.{child}"
+        for name in split
+        for child, _ in _module_files(ROOT / PACKAGE / name)
+        if f"{name}.{child}" not in named
+        and not any(member.startswith(f"{name}.{child}.") for member in named)
+    ]
     forbidden = next(c for c in import_contracts() if c.get("type") == "forbidden")
     sources = forbidden["source_modules"]
     banned = forbidden["forbidden_modules"]
@@ -468,8 +484,8 @@ def layers_markdown() -> str:
     text = ["```", *lines, "```", ""]
     text.append(
         "In no layer of the contract: "
-        + "; ".join(f"`{name}{'' if (ROOT / PACKAGE / name).is_dir() else '.py'}` "
-                    f"({_job(f'{PACKAGE}.{name}').rstrip('.')})" for name in outside)
+        + "; ".join(f"`{_label(name)}` ({_job(f'{PACKAGE}.{name}').rstrip('.')})"
+                    for name in outside)
         + ". `__init__.py` only re-exports the public names."
     )  # fmt: skip
     for name in split:
