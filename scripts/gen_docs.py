@@ -374,12 +374,12 @@ def _entry(label: str, job: str, indent: int) -> list[str]:
     return lines + [" " * JOB_COLUMN + line for line in body]
 
 
-def _package_entries(dotted: str, indent: int) -> list[str]:
-    """A subpackage and its modules, in the order of its own layers contract (modules of
-    one layer one after the other; ``·`` between layers); modules the contract does not
-    name last, alphabetically."""
+def _package_entries(dotted: str, indent: int, label: str | None = None) -> list[str]:
+    """A subpackage (drawn as ``label``, by default its folder's name) and its modules, in
+    the order of its own layers contract (modules of one layer one after the other; ``·``
+    between layers); modules the contract does not name last, alphabetically."""
     folder = ROOT / Path(*dotted.split("."))
-    lines = _entry(folder.name + "/", _job(dotted), indent)
+    lines = _entry(label or folder.name + "/", _job(dotted), indent)
     modules = dict(_module_files(folder))
     ordered: list[list[str]] = []
     for layer in _layers(dotted):
@@ -401,12 +401,12 @@ def _package_entries(dotted: str, indent: int) -> list[str]:
 
 def _member_entries(dotted: str) -> list[str]:
     """One member of a layer of the package's contract: a module, a subpackage, or a
-    module inside a subpackage (``ops.cli``, shown as ``ops/cli.py``)."""
+    module or a folder inside a subpackage (``ops.admin``, shown as ``ops/admin.py``)."""
     relative = dotted.removeprefix(PACKAGE + ".")
     path = ROOT / PACKAGE / Path(*relative.split("."))
     if path.is_dir():
-        return _package_entries(dotted, 2)
-    return _entry(relative.replace(".", "/") + ".py", _job(dotted), 2)
+        return _package_entries(dotted, 2, _label(relative))
+    return _entry(_label(relative), _job(dotted), 2)
 
 
 def exception_tree() -> list[str]:
