@@ -442,6 +442,19 @@ def _label(name: str) -> str:
     return name.replace(".", "/") + ("/" if path.is_dir() else ".py")
 
 
+def _inside(name: str) -> list[str]:
+    """Every module and folder below folder ``name`` (dotted, below the package), each
+    folder followed by its own; nothing for a module."""
+    path = ROOT / PACKAGE / Path(*name.split("."))
+    if not path.is_dir():
+        return []
+    return [
+        item
+        for child, _ in _module_files(path)
+        for item in (f"{name}.{child}", *_inside(f"{name}.{child}"))
+    ]
+
+
 def layers_markdown() -> str:
     """The layer drawing of docs/design.md: the package's layers contract top to bottom,
     every module and subpackage in it with its job; the modules no layer names; the
@@ -475,6 +488,8 @@ def layers_markdown() -> str:
         if f"{name}.{child}" not in named
         and not any(member.startswith(f"{name}.{child}.") for member in named)
     ]
+    # A folder in no layer is listed with every module in it, each after the folder.
+    outside = [item for name in outside for item in (name, *_inside(name))]
     forbidden = next(c for c in import_contracts() if c.get("type") == "forbidden")
     sources = forbidden["source_modules"]
     banned = forbidden["forbidden_modules"]
