@@ -34,6 +34,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "DEFAULT_URL",
+    "EX_CONFIG",
     "FOREIGN_SETTINGS",
     "clear_settings",
     "derived_url",
@@ -44,6 +45,9 @@ __all__ = [
 ]
 
 DEFAULT_URL = "redis://localhost:6379/0"
+#: sysexits.h "configuration error": the exit status of a process refused for a bad setting
+#: (``celery worker``, ``celery beat``, ``celery locks check``), defined once here.
+EX_CONFIG = 78
 #: Result-backend schemes that are borrowed as the lock's Redis.
 _BACKEND_SCHEMES = ("redis", "rediss")
 #: Settings that share our prefix but belong to someone else, so they are not typos.

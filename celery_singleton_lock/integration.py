@@ -33,7 +33,7 @@ from celery.utils.functional import firstmethod
 from celery_singleton_lock import _observe as observe
 from celery_singleton_lock import runtime, signals
 from celery_singleton_lock.client import mask_url, redis_for
-from celery_singleton_lock.config import hide_password, settings_for, task_globs
+from celery_singleton_lock.config import EX_CONFIG, hide_password, settings_for, task_globs
 from celery_singleton_lock.explain import Explanation, explain_key
 from celery_singleton_lock.modes.held import holds_back
 
@@ -43,9 +43,6 @@ if TYPE_CHECKING:
 __all__ = ["ConfigLocks", "ParkSweep", "Preflight", "WorkerConfigError", "preflight", "setup"]
 
 log = logging.getLogger("celery_singleton_lock.worker")
-
-#: sysexits.h: "configuration error", what ``celery worker`` exits with on a bad setting.
-EX_CONFIG = 78
 
 _SETUP_FLAG = "_singleton_lock_setup"
 _first_annotation = firstmethod("annotate")  # type: ignore[arg-type]  # typed as a callable in celery-types

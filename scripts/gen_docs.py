@@ -374,12 +374,12 @@ def _entry(label: str, job: str, indent: int) -> list[str]:
     return lines + [" " * JOB_COLUMN + line for line in body]
 
 
-def _package_entries(dotted: str, indent: int) -> list[str]:
-    """A subpackage and its modules, in the order of its own layers contract (modules of
-    one layer one after the other; ``·`` between layers); modules the contract does not
-    name last, alphabetically."""
+def _package_entries(dotted: str, indent: int, label: str | None = None) -> list[str]:
+    """A subpackage (drawn as ``label``, by default its folder's name) and its modules, in
+    the order of its own layers contract (modules of one layer one after the other; ``·``
+    between layers); modules the contract does not name last, alphabetically."""
     folder = ROOT / Path(*dotted.split("."))
-    lines = _entry(folder.name + "/", _job(dotted), indent)
+    lines = _entry(label or folder.name + "/", _job(dotted), indent)
     modules = dict(_module_files(folder))
     ordered: list[list[str]] = []
     for layer in _layers(dotted):
@@ -401,12 +401,12 @@ def _package_entries(dotted: str, indent: int) -> list[str]:
 
 def _member_entries(dotted: str) -> list[str]:
     """One member of a layer of the package's contract: a module, a subpackage, or a
-    module inside a subpackage (``ops.cli``, shown as ``ops/cli.py``)."""
+    module or a folder inside a subpackage (``ops.admin``, shown as ``ops/admin.py``)."""
     relative = dotted.removeprefix(PACKAGE + ".")
     path = ROOT / PACKAGE / Path(*relative.split("."))
     if path.is_dir():
-        return _package_entries(dotted, 2)
-    return _entry(relative.replace(".", "/") + ".py", _job(dotted), 2)
+        return _package_entries(dotted, 2, _label(relative))
+    return _entry(_label(relative), _job(dotted), 2)
 
 
 def exception_tree() -> list[str]:
@@ -435,6 +435,26 @@ def exception_tree() -> list[str]:
     return lines
 
 
+def _label(name: str) -> str:
+    """How the drawing shows module or subpackage ``name`` (dotted, below the package):
+    ``ops/cli.py``, ``engine/``."""
+    path = ROOT / PACKAGE / Path(*name.split("."))
+    return name.replace(".", "/") + ("/" if path.is_dir() else ".py")
+
+
+def _inside(name: str) -> list[str]:
+    """Every module and folder below folder ``name`` (dotted, below the package), each
+    folder followed by its own; nothing for a module."""
+    path = ROOT / PACKAGE / Path(*name.split("."))
+    if not path.is_dir():
+        return []
+    return [
+        item
+        for child, _ in _module_files(path)
+        for item in (f"{name}.{child}", *_inside(f"{name}.{child}"))
+    ]
+
+
 def layers_markdown() -> str:
     """The layer drawing of docs/design.md: the package's layers contract top to bottom,
     every module and subpackage in it with its job; the modules no layer names; the
@@ -459,6 +479,17 @@ def layers_markdown() -> str:
         if path.is_dir() and name not in named
         and any(member.startswith(name + ".") for member in named)
     ]  # fmt: skip
+    # A module of a split folder that no layer names is in no layer either: listed below,
+    # not left out of the drawing.
+    outside += [
+        f"{name}.{child}"
+        for name in split
+        for child, _ in _module_files(ROOT / PACKAGE / name)
+        if f"{name}.{child}" not in named
+        and not any(member.startswith(f"{name}.{child}.") for member in named)
+    ]
+    # A folder in no layer is listed with every module in it, each after the folder.
+    outside = [item for name in outside for item in (name, *_inside(name))]
     forbidden = next(c for c in import_contracts() if c.get("type") == "forbidden")
     sources = forbidden["source_modules"]
     banned = forbidden["forbidden_modules"]
@@ -468,8 +499,8 @@ def layers_markdown() -> str:
     text = ["```", *lines, "```", ""]
     text.append(
         "In no layer of the contract: "
-        + "; ".join(f"`{name}{'' if (ROOT / PACKAGE / name).is_dir() else '.py'}` "
-                    f"({_job(f'{PACKAGE}.{name}').rstrip('.')})" for name in outside)
+        + "; ".join(f"`{_label(name)}` ({_job(f'{PACKAGE}.{name}').rstrip('.')})"
+                    for name in outside)
         + ". `__init__.py` only re-exports the public names."
     )  # fmt: skip
     for name in split:

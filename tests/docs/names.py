@@ -264,7 +264,8 @@ class Known:
 
         words = {*HEADINGS, *cli._EXTRA}
         source = (ROOT / PACKAGE / "ops" / "limits.py").read_text(encoding="utf-8")
-        source += (ROOT / PACKAGE / "ops" / "cli.py").read_text(encoding="utf-8")
+        for path in sorted((ROOT / PACKAGE / "ops" / "cli").glob("*.py")):
+            source += path.read_text(encoding="utf-8")
         source += (ROOT / PACKAGE / "explain.py").read_text(encoding="utf-8")
         words |= set(re.findall(r'"([A-Z][A-Za-z /-]*)"', source))
         return words

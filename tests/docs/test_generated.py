@@ -167,21 +167,47 @@ def test_int_and_str_dict_keys_as_the_keys_page_says(serializer: str, same: bool
     assert 'so `f({1: x})` and `f({"1": x})` are one key' in page
 
 
+def drawn_paths(drawing: str) -> set[str]:
+    """The modules and folders the layer drawing shows, each by its full path below the
+    package (``runtime/run.py``, ``engine/scripts/``): an entry of the drawing sits under
+    the last folder drawn two columns to its left; the paragraphs after it name, in
+    backticks, the modules in no layer and the folders split over several layers."""
+    block, _, after = drawing.partition("```\n")[2].partition("```\n")
+    shown: set[str] = set()
+    folders: dict[int, str] = {}  # indent -> the path of the last folder drawn there
+    for line in block.splitlines():
+        entry = re.match(r"( +)((?:\w+/)*\w+(?:\.py|/))(?:  |$)", line)
+        if entry is None or len(entry.group(1)) >= GEN.JOB_COLUMN:
+            continue  # an arrow, a "·" or the wrapped rest of a job
+        indent = len(entry.group(1))
+        path = folders.get(indent - 2, "") + entry.group(2)
+        shown.add(path)
+        if path.endswith("/"):
+            folders[indent] = path
+    prose = after.split("The exceptions")[0]
+    shown |= set(re.findall(r"`((?:\w+/)*\w+(?:\.py|/))`", prose)) - {"__init__.py"}
+    return shown
+
+
 def test_the_layer_drawing_shows_every_module() -> None:
     """Every module and folder of the package is in the generated drawing of
-    docs/design.md (under its folder), so a module added anywhere appears once the docs
-    are regenerated; and the drawing on the page is that drawing."""
+    docs/design.md, by its full path (under its folder, or in the paragraph of those in no
+    layer), and nothing else is: a module added anywhere, or one renamed, fails here until
+    the docs are regenerated; and the drawing on the page is that drawing."""
     drawing = GEN.layers_markdown()
-    shown = set(re.findall(r"(?:^|\s|`)((?:\w+/)*\w+(?:\.py|/))", drawing, re.M))
     package = ROOT / "celery_singleton_lock"
-    for path in package.rglob("*.py"):
-        if path.name == "__init__.py":
-            if path.parent != package:
-                assert path.parent.name + "/" in shown, path
-            continue
-        relative = path.relative_to(package)
-        assert path.name in shown or str(relative) in shown, relative
-    assert GEN.current("docs/design.md", "LAYERS") == drawing
+    expected = {
+        str(path.relative_to(package)) if path.name != "__init__.py"
+        else str(path.parent.relative_to(package)) + "/"
+        for path in package.rglob("*.py")
+        if path.parent != package or path.name != "__init__.py"
+    }  # fmt: skip
+    on_page = GEN.current("docs/design.md", "LAYERS")
+    for shown in (drawing, on_page):
+        drawn = drawn_paths(shown)
+        assert not expected - drawn, f"not in the drawing: {sorted(expected - drawn)}"
+        assert not drawn - expected, f"no such module: {sorted(drawn - expected)}"
+    assert on_page == drawing
 
 
 def test_the_exceptions_docstring_draws_the_class_tree() -> None:
