@@ -21,21 +21,23 @@ a retry, a handed call) is delivered with ``fake.deliver_message(task, message)`
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import itertools
 import uuid
-import contextlib
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
 import redis
 from celery import Celery, states
+from celery.app.task import Context
 from celery.exceptions import Retry
 from celery.result import AsyncResult
 
 from celery_singleton_lock import LockedTask
-from celery_singleton_lock.client import redis_for
+from celery_singleton_lock.client import LockClient, redis_for
+from celery_singleton_lock.engine import Holder, RedisLock
 from celery_singleton_lock.modes.base import HandedCall
 from celery_singleton_lock.runtime import headers as hdr
 from celery_singleton_lock.runtime.context import Publish, Run
@@ -222,6 +224,15 @@ class Fake:
         task = self.app.task(name=name, base=LockedTask, **options)(func)
         return self.app.tasks[task.name]
 
+    @property
+    def client(self) -> LockClient:
+        """The app's lock Redis client (the one its runs' locks use)."""
+        return redis_for(self.app, self.url)
+
+    def holder(self, key: str) -> Holder | None:
+        """Who holds lock ``key`` now, as the server says (None: free)."""
+        return RedisLock(self.client, key).holder()
+
     # -- a delivery ----------------------------------------------------------------------
 
     def deliver(
@@ -251,7 +262,8 @@ class Fake:
             "delivery_info": {"exchange": "", "routing_key": "celery", "priority": 0},
             "hostname": "fake@localhost",
         }
-        task.push_request(**request)
+        # A fresh request (``push_request`` would copy the one below it: a run's own).
+        task.request_stack.push(Context(**request))
         ran: list[bool] = []
 
         def call(*call_args: Any, **call_kwargs: Any) -> Any:
