@@ -221,7 +221,7 @@ class Fake:
         by ``name`` unless ``lock_keys`` is given."""
         options.setdefault("lock_keys", ["name"])
         name = f"fake.{func.__name__}{next(_names)}"
-        task = self.app.task(name=name, base=LockedTask, **options)(func)
+        task = self.app.task(name=name, base=LockedTask, **options)(func)  # type: ignore[no-untyped-call]
         return self.app.tasks[task.name]
 
     @property
@@ -270,7 +270,7 @@ class Fake:
             ran.append(True)
             return body() if body is not None else task.run(*call_args, **call_kwargs)
 
-        state = states.FAILURE
+        state: str = states.FAILURE
         try:
             real = resolve(task, tuple(args), dict(kwargs), call)
             assert real is not None, f"{task.name} is not locked"

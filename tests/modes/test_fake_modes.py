@@ -70,7 +70,12 @@ def test_queue_scope_run_claims_the_publish_hold_and_a_late_copy_is_dropped(fake
     assert duplicate.result.id == message.task_id
 
     during: list[Any] = []
-    ran = fake.deliver_message(task, message, body=lambda: during.append(fake.holder(key)) or 7)
+
+    def body() -> int:
+        during.append(fake.holder(key))
+        return 7
+
+    ran = fake.deliver_message(task, message, body=body)
     assert (ran.ran, ran.value) == (True, 7)
     [claimed] = during
     assert claimed.task_id == message.task_id
@@ -152,7 +157,8 @@ def test_rate_limit_skips_a_start_over_the_rate(fake: Fake) -> None:
     assert [run.ran for run in runs] == [True, True, False]
     assert runs[2].raised is None
     assert skip_reason(fake, runs[2].task_id) == "throttled"
-    starts = {start.split(":")[0] for start in fake.redis.zrange(companion_key(key, STARTS), 0, -1)}
+    members = fake.redis.zrange(companion_key(key, STARTS), 0, -1)
+    starts = {str(member).split(":")[0] for member in members}  # "<task id>:<server time>"
     assert starts == {runs[0].task_id, runs[1].task_id}
     assert fake.holder(key) is None
 

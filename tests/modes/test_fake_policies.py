@@ -55,7 +55,7 @@ def holder_id(fake: Fake, key: str) -> str | None:
 def skip_record(fake: Fake, task_id: str) -> dict[str, Any] | None:
     """The skip record of ``task_id`` (``skip_info``'s source), or None."""
     raw = fake.redis.get(skip_record_key(fake.prefix, task_id))
-    return None if raw is None else json.loads(raw)  # type: ignore[no-any-return]
+    return None if raw is None else dict(json.loads(str(raw)))
 
 
 def test_skip_ends_the_rival_without_running_and_records_why(fake: Fake) -> None:
@@ -143,7 +143,12 @@ def test_wait_runs_the_rival_once_the_holder_frees(fake: Fake) -> None:
 
     blocker = RedisLock(fake.client, key, timeout=60)
     assert blocker.acquire(blocking=False)
-    freer = threading.Thread(target=lambda: waiting.wait(30) and blocker.release())
+
+    def free() -> None:
+        if waiting.wait(30):
+            blocker.release()
+
+    freer = threading.Thread(target=free)
     signals.lock_conflict.connect(told, weak=False, dispatch_uid=f"fake-wait-{key}")
     freer.start()
     seen: list[str | None] = []
@@ -236,7 +241,7 @@ def test_park_parks_the_rival_and_hands_it_the_key_when_the_holder_ends(fake: Fa
 
     def body() -> None:
         inner.append(fake.deliver(task, "a", n=2))
-        queued.append(fake.redis.zrange(companion_key(key, PARKED), 0, -1))
+        queued.append([str(m) for m in fake.redis.zrange(companion_key(key, PARKED), 0, -1)])
 
     outer = fake.deliver(task, "a", n=1, body=body)
     parked = inner[0]
