@@ -242,6 +242,29 @@ def test_order_enqueue_runs_calls_in_publish_order(fake: Fake) -> None:
     assert fake.holder(key) is None
 
 
+def test_order_enqueue_keeps_a_turn_for_a_call_still_on_its_way(fake: Fake) -> None:
+    """lock_order="enqueue": a later call parked while an earlier one's message has not come
+    yet is not handed the key when the holder ends (the key frees, the line keeps the
+    earlier call's turn); the earlier call runs when it comes and then hands the key on."""
+    task = fake.task(lock_on_conflict="park", lock_order="enqueue")
+    key = task.lock_key("a")
+    first, second, third = (fake.publish(task, "a", n=n).sent[0] for n in (1, 2, 3))
+    inner: list[Delivery] = []
+    holder = fake.deliver_message(
+        task, first, body=lambda: inner.append(fake.deliver_message(task, third))
+    )
+    assert holder.ran
+    assert isinstance(inner[0].raised, Ignore)
+    assert holder.run.handed == []  # the second call's turn comes first
+    assert fake.holder(key) is None
+
+    ran = fake.deliver_message(task, second)
+    assert (ran.ran, ran.value) == (True, 2)
+    [handed] = ran.run.handed
+    assert handed.task_id == third.task_id
+    assert fake.deliver_message(task, handed).value == 3
+
+
 # -- lock_on_lost="raise" ------------------------------------------------------------------
 
 
