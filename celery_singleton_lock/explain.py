@@ -19,13 +19,14 @@ It sits below the modes, so that a conflict policy can attach an explanation to 
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
 import json
 import logging
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any, Protocol, cast
 
 from redis.cluster import RedisCluster
 
@@ -69,6 +70,7 @@ __all__ = [
     "Waiter",
     "conflict_explanation",
     "explain_key",
+    "weighed_stack",
 ]
 
 log = logging.getLogger("celery_singleton_lock.task")
@@ -260,7 +262,8 @@ class LimitUse:
     ``number`` that applies now (``source`` says where it came from: ``"name"`` or
     ``"template"`` when set in Redis, ``"code"``), the weight ``used`` by ``holds`` live
     shares, the weight ``waiting`` of the runs in its line (room a new run leaves them),
-    the call's own ``weight``, and whether it ``fits`` now."""
+    the call's own ``weight``, and whether it ``fits`` now (both None when the task's
+    ``lock_weight`` failed for this call: :attr:`Explanation.weight_error`)."""
 
     name: str
     template: str
@@ -268,11 +271,13 @@ class LimitUse:
     source: str
     used: int
     holds: int
-    weight: int
+    weight: int | None
     waiting: int = 0
 
     @property
-    def fits(self) -> bool:
+    def fits(self) -> bool | None:
+        if self.weight is None:
+            return None
         return self.used + self.waiting + self.weight <= self.number
 
     def describe(self) -> str:
@@ -282,6 +287,8 @@ class LimitUse:
         )
         if self.waiting:
             text += f", {self.waiting} waiting in line"
+        if self.weight is None:
+            return text + "; this call's weight is unknown (lock_weight failed)"
         verdict = "fits" if self.fits else "does not fit"
         return text + f"; this call's weight {self.weight} {verdict}"
 
@@ -326,7 +333,10 @@ class Explanation:
     held. ``waiters``, ``parked`` and ``handed`` list at most a bound of each, in turn
     order; ``waiting`` and ``parked_total`` are the totals. ``as_json()`` is a plain dict
     (what ``TaskLocked.explanation`` and a skip record carry), :meth:`from_json` reads one
-    back, ``str()`` is the text ``celery locks explain`` prints.
+    back, ``str()`` is the text ``celery locks explain`` prints. ``weight_error``: why the
+    task's ``lock_weight`` gave no weight for this call (the limits are listed without
+    one, and nothing says whether the call fits); None, and left out of the JSON, when
+    it gave one.
     """
 
     key: str
@@ -345,6 +355,7 @@ class Explanation:
     debounce: Burst | None = None
     limits: tuple[LimitUse, ...] = ()
     states: tuple[str, ...] = field(default=())
+    weight_error: str | None = None
 
     @property
     def state(self) -> str:
@@ -358,7 +369,7 @@ class Explanation:
 
     def as_json(self) -> dict[str, Any]:
         """The explanation as JSON values (``celery locks explain --json``)."""
-        return {
+        found: dict[str, Any] = {
             "key": self.key,
             "task": self.task,
             "state": self.state,
@@ -376,6 +387,9 @@ class Explanation:
             "debounce": _fields(self.debounce) if self.debounce else None,
             "limits": [{**_fields(use), "fits": use.fits} for use in self.limits],
         }
+        if self.weight_error is not None:
+            found["weight_error"] = self.weight_error
+        return found
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> Explanation:
@@ -402,6 +416,7 @@ class Explanation:
                 for use in data.get("limits") or ()
             ),
             states=tuple(data.get("states") or ()),
+            weight_error=data.get("weight_error"),
         )
 
     def __str__(self) -> str:
@@ -423,6 +438,8 @@ class Explanation:
         if self.debounce is not None:
             lines.append(("Debounce", self.debounce.describe()))
         lines.extend(("Limit", use.describe()) for use in self.limits)
+        if self.weight_error is not None:
+            lines.append(("Weight", f"unknown: {self.weight_error}"))
         width = max(len(label) for label, _ in lines) + 2
         return "\n".join(f"{label:<{width}}{text}".rstrip() for label, text in lines)
 
@@ -707,6 +724,7 @@ def explain_key(
     task: str | None = None,
     most: int = MOST,
     stack: Stack | None = None,
+    weight_error: str | None = None,
 ) -> Explanation:
     """Read why lock ``key`` blocks (see :class:`Explanation`), on the server's clock.
 
@@ -716,7 +734,9 @@ def explain_key(
     and slot holders are listed. Two round trips at most (one when the key has nothing
     but a holder; a Redis Cluster adds one for ``TIME``); a Redis error raises
     ``LockBackendError``. ``stack``: the call's stacked limits (``lock_limits``), each
-    read in the second round trip (its keys share the key's hash slot) and listed.
+    read in the second round trip (its keys share the key's hash slot) and listed;
+    ``weight_error``: the call's ``lock_weight`` failed (see :func:`weighed_stack`), so
+    ``stack``'s weight is a stand-in and the limits are listed without a weight.
     """
     limit = options.limit if options is not None else 1
     rate = options.rate_limit if options is not None else None
@@ -765,7 +785,10 @@ def explain_key(
         follow_up=_follow_up(first.pending),
         throttle=_throttle(rate, got, now_ms) if rate is not None else None,
         debounce=_burst(first.burst, got, now_ms) if first.burst_id else None,
-        limits=_limits(stack, got, now_ms) if stack is not None else (),
+        limits=_limits(stack, got, now_ms, weighed=weight_error is None)
+        if stack is not None
+        else (),
+        weight_error=weight_error,
     )
 
 
@@ -867,7 +890,9 @@ def _set_number(value: object) -> int | None:
     return int(number)
 
 
-def _limits(stack: Stack, got: dict[str, list[Any]], now_ms: int) -> tuple[LimitUse, ...]:
+def _limits(
+    stack: Stack, got: dict[str, list[Any]], now_ms: int, *, weighed: bool
+) -> tuple[LimitUse, ...]:
     """Each stacked limit as the acquire script judges it now (lib/stack.lua): the live
     shares' weights (a member of another layout weighs 1), the number by name, template,
     else code."""
@@ -908,7 +933,7 @@ def _limits(stack: Stack, got: dict[str, list[Any]], now_ms: int) -> tuple[Limit
                 source,
                 used,
                 len(shares),
-                stack.weight,
+                stack.weight if weighed else None,
                 waiting,
             )
         )
@@ -931,9 +956,41 @@ def _explanation(key: str, now: tuple[int, int], **parts: Any) -> Explanation:
     burst: Burst | None = parts["debounce"]
     if burst is not None and burst.pending:
         states.append("debouncing")
-    if any(not use.fits for use in parts["limits"]):
+    if any(use.fits is False for use in parts["limits"]):
         states.append("limited")
     return Explanation(key=key, now=round(now[0] / 1000, 3), states=tuple(states), **parts)
+
+
+class _Locking(Protocol):
+    """What :func:`weighed_stack` needs of a task's locking (``runtime.TaskLocking``)."""
+
+    @property
+    def options(self) -> LockOptions: ...
+
+    def stack(self, args: Any, kwargs: Any) -> Stack | None: ...
+
+
+def weighed_stack(locking: _Locking, args: Any, kwargs: Any) -> tuple[Stack | None, str | None]:
+    """The stacked limits of a call to explain, and why its ``lock_weight`` failed (None
+    when it did not): a weight callable may raise anything, or give no valid weight, and
+    an explanation still shows what it can. The stack is then read at a stand-in weight
+    (which :func:`explain_key` leaves out). A failure that is not the weight's (a limit
+    template that does not render) raises."""
+    try:
+        return locking.stack(args, kwargs), None
+    except Exception as exc:  # a user's lock_weight callable may raise anything
+        if not callable(locking.options.weight):
+            raise
+        options = dataclasses.replace(locking.options, weight=1)
+        stand_in: _Locking = dataclasses.replace(cast("Any", locking), options=options)
+        stack = stand_in.stack(args, kwargs)  # raises again when the weight was not at fault
+        text = " ".join(str(exc).split())
+        why = (
+            text
+            if isinstance(exc, ValueError) and "lock_weight" in text
+            else (f"lock_weight raised {type(exc).__name__}: {text}")
+        )
+        return stack, why
 
 
 def conflict_explanation(

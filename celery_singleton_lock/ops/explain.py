@@ -26,6 +26,7 @@ from celery_singleton_lock.explain import (
     Throttle,
     Waiter,
     explain_key,
+    weighed_stack,
 )
 from celery_singleton_lock.runtime import locking_for
 
@@ -76,8 +77,16 @@ def explain_task(
         )
     key = locking.key(list(args), kwargs)
     client = locking.client(task.app)
-    stack = locking.stack(list(args), kwargs)
-    return explain_key(client, key, locking.options, task=task.name, most=most, stack=stack)
+    stack, weight_error = weighed_stack(locking, list(args), kwargs)
+    return explain_key(
+        client,
+        key,
+        locking.options,
+        task=task.name,
+        most=most,
+        stack=stack,
+        weight_error=weight_error,
+    )
 
 
 def render(explanation: Explanation, *, as_json: bool = False) -> str:
