@@ -113,6 +113,9 @@ _CONFLICT_OUTCOME = {
     "raise": "raised",
     "debounce": "debounced",
 }
+#: The policies whose conflict ends in a signal of its own (``lock_coalesced``,
+#: ``lock_superseded``, ``lock_parked``), which makes the attempt's span.
+_OUTCOME_LATER = frozenset(("coalesce", "replace", "park"))
 #: The policies under which a throttled run fails.
 _FAILING_THROTTLE = frozenset(("raise", "wait"))
 #: At most this many waits and holds are followed per process (older ones are dropped).
@@ -141,6 +144,7 @@ class _Waiting:
     events: list[Event] = field(default_factory=list)
     for_holder: bool = False
     throttled: bool = False
+    parking: bool = False
 
 
 @dataclass
@@ -303,7 +307,7 @@ def _on_conflict(
     started = _seconds_before(now, extra.get("waited"))
     if task_id is None:
         # A publish: coalesce and replace end in lock_coalesced / lock_superseded, next.
-        if policy not in ("coalesce", "replace"):
+        if policy not in _OUTCOME_LATER:
             outcome = _CONFLICT_OUTCOME.get(str(policy), str(policy))
             error = "the key is queued or running" if policy == "raise" else None
             _outcome(tracer, attributes, outcome, now=now, started=started, error=error)
@@ -318,6 +322,13 @@ def _on_conflict(
         conflict = {k: v for k, v in attributes.items() if k == "lock.holder_task_id"}
         waiting.events.append(("lock.conflict", conflict, now))
         _follow(_waiting, (task_id, key), waiting)
+        return
+    if policy in _OUTCOME_LATER:
+        # A run that a stacked limit held back under park: lock_parked, next, ends its
+        # try (one span); should it come back at once instead, the run's end says so.
+        pending = _Waiting(tracer, started, otel_context.get_current(), attributes)
+        pending.parking = True
+        _follow(_waiting, (task_id, key), pending)
         return
     waiting = _unfollow(_waiting, (task_id, key))
     outcome = _CONFLICT_OUTCOME.get(str(policy), str(policy))
@@ -468,6 +479,9 @@ def _on_postrun(
         waits = [_waiting.pop(k) for k in [k for k in _waiting if k[0] == task_id]]
         holds = [_holding.pop(k) for k in [k for k in _holding if k[0] == task_id]]
     for waiting in waits:
+        if waiting.parking:  # its limits had room after all: it came back at once
+            _outcome(waiting.tracer, {}, "retried", now=now, waiting=waiting)
+            continue
         if waiting.for_holder:
             outcome, error = "timed-out", "lock_wait ran out"
         else:
@@ -493,6 +507,24 @@ def _outcome_receiver(outcome: str, **names: str) -> Callable[..., None]:
         _outcome(tracer, attributes, outcome, now=_now())
 
     return receive
+
+
+def _on_parked(
+    sender: Any = None,
+    *,
+    key: str | None = None,
+    task_id: str | None = None,
+    position: int | None = None,
+    scope: str | None = None,
+    **_: Any,
+) -> None:
+    """A call parked: the end of its try, continuing its conflict when one began it."""
+    tracer = _tracer_for(sender)
+    if tracer is None or key is None:
+        return
+    attributes = _attributes(sender, key=key, task_id=task_id, queue_position=position, scope=scope)
+    waiting = _unfollow(_waiting, (task_id, key)) if task_id is not None else None
+    _outcome(tracer, attributes, "parked", now=_now(), waiting=waiting)
 
 
 def _on_reaped(
@@ -521,7 +553,7 @@ _RECEIVERS: Mapping[Signal, Callable[..., None]] = {
     lock_coalesced: _outcome_receiver("coalesced", scope="scope"),
     lock_superseded: _outcome_receiver("superseded", by="superseded_by", running="running"),
     lock_debounced: _outcome_receiver("debounced", generation="generation"),
-    lock_parked: _outcome_receiver("parked", position="queue_position", scope="scope"),
+    lock_parked: _on_parked,
     lock_reaped: _on_reaped,
 }
 
