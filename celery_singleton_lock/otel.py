@@ -65,6 +65,8 @@ from celery_singleton_lock._observe import (
     lock_throttled,
 )
 from celery_singleton_lock._version import __version__
+from celery_singleton_lock.modes import REPORTED
+from celery_singleton_lock.modes.base import Mode
 
 try:
     from opentelemetry import context as otel_context
@@ -106,18 +108,6 @@ OUTCOMES = (
     "parked",
     "reaped",
 )
-#: The outcome of a conflict, by the policy applied.
-_CONFLICT_OUTCOME = {
-    "skip": "skipped",
-    "retry": "retried",
-    "raise": "raised",
-    "debounce": "debounced",
-}
-#: The policies whose conflict ends in a signal of its own (``lock_coalesced``,
-#: ``lock_superseded``, ``lock_parked``), which makes the attempt's span.
-_OUTCOME_LATER = frozenset(("coalesce", "replace", "park"))
-#: The policies under which a throttled run fails.
-_FAILING_THROTTLE = frozenset(("raise", "wait"))
 #: At most this many waits and holds are followed per process (older ones are dropped).
 _MAX_FOLLOWED = 10_000
 
@@ -267,6 +257,19 @@ def _unfollow(table: dict[Followed, Any], key: Followed) -> Any:
         return table.pop(key, None)
 
 
+def _settled_by(policy: str | None) -> type[Mode] | None:
+    """The policy (or mode) that a signal's ``policy`` names; None when it names none."""
+    return REPORTED.get(str(policy))
+
+
+def _conflict_outcome(policy: str | None) -> tuple[str, bool]:
+    """(``lock.outcome``, whether the caller fails) of a conflict settled by ``policy``."""
+    kind = _settled_by(policy)
+    if kind is None or kind.outcome is None:
+        return str(policy), False
+    return kind.outcome, kind.fails_caller
+
+
 def _connect_postrun() -> None:
     """Connect the ``task_postrun`` receiver that ends what a run left open, once, and after
     the package's own (which may still release a hold there)."""
@@ -305,15 +308,17 @@ def _on_conflict(
         queue_position=extra.get("position"),
     )
     started = _seconds_before(now, extra.get("waited"))
+    kind = _settled_by(policy)
+    later = kind is not None and kind.outcome is None  # a signal of its own ends it
     if task_id is None:
         # A publish: coalesce and replace end in lock_coalesced / lock_superseded, next.
-        if policy not in _OUTCOME_LATER:
-            outcome = _CONFLICT_OUTCOME.get(str(policy), str(policy))
-            error = "the key is queued or running" if policy == "raise" else None
+        if not later:
+            outcome, fails = _conflict_outcome(policy)
+            error = "the key is queued or running" if fails else None
             _outcome(tracer, attributes, outcome, now=now, started=started, error=error)
         return
     _connect_postrun()
-    if policy == "wait":
+    if kind is not None and kind.waits:
         waiting = _unfollow(_waiting, (task_id, key)) or _Waiting(
             tracer, started, otel_context.get_current(), {}
         )
@@ -323,7 +328,7 @@ def _on_conflict(
         waiting.events.append(("lock.conflict", conflict, now))
         _follow(_waiting, (task_id, key), waiting)
         return
-    if policy in _OUTCOME_LATER:
+    if later:
         # A run that a stacked limit held back under park: lock_parked, next, ends its
         # try (one span); should it come back at once instead, the run's end says so.
         pending = _Waiting(tracer, started, otel_context.get_current(), attributes)
@@ -331,8 +336,8 @@ def _on_conflict(
         _follow(_waiting, (task_id, key), pending)
         return
     waiting = _unfollow(_waiting, (task_id, key))
-    outcome = _CONFLICT_OUTCOME.get(str(policy), str(policy))
-    error = "the key is held" if policy == "raise" else None
+    outcome, fails = _conflict_outcome(policy)
+    error = "the key is held" if fails else None
     _outcome(tracer, attributes, outcome, now=now, started=started, waiting=waiting, error=error)
 
 
@@ -356,7 +361,8 @@ def _on_throttled(
         sender, key=key, task_id=task_id, policy=policy, scope=scope, rate=rate, retry_in=retry_in
     )
     waiting = _unfollow(_waiting, (task_id, key))
-    if policy == "wait":  # it sleeps until its rate admits it, holding the key
+    kind = _settled_by(policy)
+    if kind is not None and kind.waits:  # it sleeps until its rate admits it, holding the key
         if waiting is None:
             started = _seconds_before(now, extra.get("waited"))
             waiting = _Waiting(tracer, started, otel_context.get_current(), {})
@@ -366,7 +372,7 @@ def _on_throttled(
         waiting.events.append(("lock.throttled", throttled, now))
         _follow(_waiting, (task_id, key), waiting)
         return
-    error = "the key's rate is used up" if policy in _FAILING_THROTTLE else None
+    error = "the key's rate is used up" if kind is not None and kind.fails_caller else None
     started = _seconds_before(now, extra.get("waited"))
     _outcome(
         tracer, attributes, "throttled", now=now, started=started, waiting=waiting, error=error

@@ -34,6 +34,7 @@ __all__ = [
     "COMBINATIONS",
     "MODES",
     "POLICIES",
+    "REPORTED",
     "SCOPES",
     "ConflictPolicy",
     "Mode",
@@ -63,6 +64,17 @@ MODES: tuple[type[Mode], ...] = (
     Throttle,
     ReleaseAtStart,
     HoldAfterSuccess,
+)
+
+#: The ``policy`` values the lock's signals report, and the policy (or mode) class each
+#: names: what observers ask instead of comparing names (``outcome``, ``waits``,
+#: ``fails_caller``, ``keeps_calls``).
+REPORTED: Mapping[str, type[Mode]] = MappingProxyType(
+    {
+        kind.reported: kind
+        for kind in (*(type(policy) for policy in POLICIES.values()), *MODES)
+        if kind.reported
+    }
 )
 
 #: Every rule about options that cannot go together: the options' own, then each mode's.

@@ -178,6 +178,7 @@ class Skip(ConflictPolicy):
     """The body does not run and the task ends without error (the default)."""
 
     name = reported = "skip"
+    outcome = "skipped"
 
     def for_attempt(self, retried: bool) -> ConflictPolicy:
         return UNCOUNTED_RETRY if retried else self
@@ -232,6 +233,7 @@ class Retry(ConflictPolicy):
     holder's lease); a throttled run comes back when its window frees."""
 
     name = reported = "retry"
+    outcome = "retried"
     #: Whether the lock's retries count against the task's ``max_retries``.
     counted: ClassVar[bool] = True
 
@@ -268,6 +270,8 @@ class Wait(ConflictPolicy):
     ``TaskLocked``; a throttled run holds its key and sleeps until its window frees."""
 
     name = reported = "wait"
+    outcome = "timed-out"
+    waits = fails_caller = True
 
     def acquire(self, run: Run) -> bool:
         if run.lock.acquire(blocking=False):
@@ -329,6 +333,8 @@ class Raise(ConflictPolicy):
     """The task fails with ``TaskLocked`` (``TaskThrottled`` when throttled)."""
 
     name = reported = "raise"
+    outcome = "raised"
+    fails_caller = True
 
     def conflict(self, run: Run, holder: Holder | None) -> Any:
         tell(run, "raise", holder)
