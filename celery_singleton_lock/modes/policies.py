@@ -16,8 +16,8 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from celery_singleton_lock import _observe as observe
 from celery_singleton_lock.exceptions import TaskLocked, TaskThrottled
-from celery_singleton_lock.explain import conflict_explanation
 from celery_singleton_lock.modes.base import ConflictPolicy
+from celery_singleton_lock.modes.explanation import conflict_explanation
 
 if TYPE_CHECKING:
     from celery_singleton_lock.engine import Holder, RedisLock

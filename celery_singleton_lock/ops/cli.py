@@ -47,6 +47,7 @@ from celery_singleton_lock.beat.state import read_group, state_name
 from celery_singleton_lock.client import mask_url, redis_for
 from celery_singleton_lock.config import settings_for
 from celery_singleton_lock.engine.wire import LockClient, server_time
+from celery_singleton_lock.modes.lifetime import held_after_success
 from celery_singleton_lock.ops.admin import (
     HEADINGS,
     LockRow,
@@ -252,7 +253,7 @@ _EXTRA = ("STATE", "AGE", "WAITERS", "PARKED", "FOLLOW-UP")
 def _state_of(row: LockRow) -> str:
     if not row.held:
         return "expired"
-    if row.info.get("held") == "success":
+    if held_after_success(row.info):
         return "held"
     return "queued" if row.queued else "running"
 

@@ -1,9 +1,9 @@
 """``celery locks explain``: why a call of a task is blocked, for operators.
 
-The reading itself is :func:`celery_singleton_lock.explain.explain_key` (below the modes,
-so that a conflict can attach an explanation to a ``TaskLocked`` or a skip record); this
-module resolves a task call to its key and options as a worker does, reads the
-arguments as the command gets them (one JSON value per argument) and renders the result.
+The reading itself is :func:`celery_singleton_lock.explain.explain_key` (each mode's part
+read and shown by its state face, :mod:`celery_singleton_lock.modes.face`); this module
+resolves a task call to its key and options as a worker does, reads the arguments as the
+command gets them (one JSON value per argument) and renders the result.
 The explanation's types are re-exported here.
 """
 
