@@ -34,7 +34,7 @@ from celery_singleton_lock import _observe as observe
 from celery_singleton_lock import runtime, signals
 from celery_singleton_lock.client import mask_url, redis_for
 from celery_singleton_lock.config import EX_CONFIG, hide_password, settings_for, task_globs
-from celery_singleton_lock.explain import Explanation, explain_key
+from celery_singleton_lock.explain import Explanation, explain_key, weighed_stack
 from celery_singleton_lock.modes.held import holds_back
 
 if TYPE_CHECKING:
@@ -236,9 +236,11 @@ def lock_explain_method(self: Any, *args: Any, **kwargs: Any) -> Explanation:
     key = runtime.lock_key_method(self, *args, **kwargs)  # not locked: ImproperlyConfigured
     locking = runtime.locking_for(self)
     options = locking.options if locking is not None else None
-    stack = locking.stack(args, kwargs) if locking is not None else None
+    stack, weight_error = (
+        weighed_stack(locking, args, kwargs) if locking is not None else (None, None)
+    )
     client = redis_for(self.app, settings_for(self.app).url)
-    return explain_key(client, key, options, task=self.name, stack=stack)
+    return explain_key(client, key, options, task=self.name, stack=stack, weight_error=weight_error)
 
 
 def _apply(cls: Any, annotation: Mapping[str, Any]) -> None:

@@ -93,8 +93,9 @@ from celery_singleton_lock._observe import (
 )
 from celery_singleton_lock.client import redis_for
 from celery_singleton_lock.config import settings_for
+from celery_singleton_lock.modes import REPORTED
 from celery_singleton_lock.ops.limits import LimitRow, code_limits, read_limits
-from celery_singleton_lock.options import CONFLICT_POLICIES, SCOPES
+from celery_singleton_lock.options import SCOPES
 
 try:
     from prometheus_client import REGISTRY, CollectorRegistry, Counter, Histogram
@@ -132,8 +133,9 @@ HELD_BUCKETS = (0.01, 0.05, 0.1, 0.5, 1.0, 5.0, 10.0, 30.0, 60.0, 300.0, 900.0, 
 UNKNOWN = "unknown"
 #: The ``scope`` label's values.
 SCOPE_LABELS = frozenset(SCOPES)
-#: The ``policy`` label's values: the conflict policies, and a debounced call's.
-POLICY_LABELS = frozenset((*CONFLICT_POLICIES, "debounce"))
+#: The ``policy`` label's values: what the signals report, the conflict policies' and a
+#: debounced call's (``modes.REPORTED``).
+POLICY_LABELS = frozenset(REPORTED)
 #: The most ``limit`` series each limit gauge shows (the fullest limits first).
 LIMIT_SERIES = 100
 #: The limit gauges: (name, help).

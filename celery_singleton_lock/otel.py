@@ -65,6 +65,8 @@ from celery_singleton_lock._observe import (
     lock_throttled,
 )
 from celery_singleton_lock._version import __version__
+from celery_singleton_lock.modes import REPORTED
+from celery_singleton_lock.modes.base import Mode
 
 try:
     from opentelemetry import context as otel_context
@@ -106,15 +108,6 @@ OUTCOMES = (
     "parked",
     "reaped",
 )
-#: The outcome of a conflict, by the policy applied.
-_CONFLICT_OUTCOME = {
-    "skip": "skipped",
-    "retry": "retried",
-    "raise": "raised",
-    "debounce": "debounced",
-}
-#: The policies under which a throttled run fails.
-_FAILING_THROTTLE = frozenset(("raise", "wait"))
 #: At most this many waits and holds are followed per process (older ones are dropped).
 _MAX_FOLLOWED = 10_000
 
@@ -141,6 +134,7 @@ class _Waiting:
     events: list[Event] = field(default_factory=list)
     for_holder: bool = False
     throttled: bool = False
+    parking: bool = False
 
 
 @dataclass
@@ -263,6 +257,19 @@ def _unfollow(table: dict[Followed, Any], key: Followed) -> Any:
         return table.pop(key, None)
 
 
+def _settled_by(policy: str | None) -> type[Mode] | None:
+    """The policy (or mode) that a signal's ``policy`` names; None when it names none."""
+    return REPORTED.get(str(policy))
+
+
+def _conflict_outcome(policy: str | None) -> tuple[str, bool]:
+    """(``lock.outcome``, whether the caller fails) of a conflict settled by ``policy``."""
+    kind = _settled_by(policy)
+    if kind is None or kind.outcome is None:
+        return str(policy), False
+    return kind.outcome, kind.fails_caller
+
+
 def _connect_postrun() -> None:
     """Connect the ``task_postrun`` receiver that ends what a run left open, once, and after
     the package's own (which may still release a hold there)."""
@@ -301,15 +308,17 @@ def _on_conflict(
         queue_position=extra.get("position"),
     )
     started = _seconds_before(now, extra.get("waited"))
+    kind = _settled_by(policy)
+    later = kind is not None and kind.outcome is None  # a signal of its own ends it
     if task_id is None:
         # A publish: coalesce and replace end in lock_coalesced / lock_superseded, next.
-        if policy not in ("coalesce", "replace"):
-            outcome = _CONFLICT_OUTCOME.get(str(policy), str(policy))
-            error = "the key is queued or running" if policy == "raise" else None
+        if not later:
+            outcome, fails = _conflict_outcome(policy)
+            error = "the key is queued or running" if fails else None
             _outcome(tracer, attributes, outcome, now=now, started=started, error=error)
         return
     _connect_postrun()
-    if policy == "wait":
+    if kind is not None and kind.waits:
         waiting = _unfollow(_waiting, (task_id, key)) or _Waiting(
             tracer, started, otel_context.get_current(), {}
         )
@@ -319,9 +328,16 @@ def _on_conflict(
         waiting.events.append(("lock.conflict", conflict, now))
         _follow(_waiting, (task_id, key), waiting)
         return
+    if later:
+        # A run that a stacked limit held back under park: lock_parked, next, ends its
+        # try (one span); should it come back at once instead, the run's end says so.
+        pending = _Waiting(tracer, started, otel_context.get_current(), attributes)
+        pending.parking = True
+        _follow(_waiting, (task_id, key), pending)
+        return
     waiting = _unfollow(_waiting, (task_id, key))
-    outcome = _CONFLICT_OUTCOME.get(str(policy), str(policy))
-    error = "the key is held" if policy == "raise" else None
+    outcome, fails = _conflict_outcome(policy)
+    error = "the key is held" if fails else None
     _outcome(tracer, attributes, outcome, now=now, started=started, waiting=waiting, error=error)
 
 
@@ -345,7 +361,8 @@ def _on_throttled(
         sender, key=key, task_id=task_id, policy=policy, scope=scope, rate=rate, retry_in=retry_in
     )
     waiting = _unfollow(_waiting, (task_id, key))
-    if policy == "wait":  # it sleeps until its rate admits it, holding the key
+    kind = _settled_by(policy)
+    if kind is not None and kind.waits:  # it sleeps until its rate admits it, holding the key
         if waiting is None:
             started = _seconds_before(now, extra.get("waited"))
             waiting = _Waiting(tracer, started, otel_context.get_current(), {})
@@ -355,7 +372,7 @@ def _on_throttled(
         waiting.events.append(("lock.throttled", throttled, now))
         _follow(_waiting, (task_id, key), waiting)
         return
-    error = "the key's rate is used up" if policy in _FAILING_THROTTLE else None
+    error = "the key's rate is used up" if kind is not None and kind.fails_caller else None
     started = _seconds_before(now, extra.get("waited"))
     _outcome(
         tracer, attributes, "throttled", now=now, started=started, waiting=waiting, error=error
@@ -468,6 +485,9 @@ def _on_postrun(
         waits = [_waiting.pop(k) for k in [k for k in _waiting if k[0] == task_id]]
         holds = [_holding.pop(k) for k in [k for k in _holding if k[0] == task_id]]
     for waiting in waits:
+        if waiting.parking:  # its limits had room after all: it came back at once
+            _outcome(waiting.tracer, {}, "retried", now=now, waiting=waiting)
+            continue
         if waiting.for_holder:
             outcome, error = "timed-out", "lock_wait ran out"
         else:
@@ -493,6 +513,24 @@ def _outcome_receiver(outcome: str, **names: str) -> Callable[..., None]:
         _outcome(tracer, attributes, outcome, now=_now())
 
     return receive
+
+
+def _on_parked(
+    sender: Any = None,
+    *,
+    key: str | None = None,
+    task_id: str | None = None,
+    position: int | None = None,
+    scope: str | None = None,
+    **_: Any,
+) -> None:
+    """A call parked: the end of its try, continuing its conflict when one began it."""
+    tracer = _tracer_for(sender)
+    if tracer is None or key is None:
+        return
+    attributes = _attributes(sender, key=key, task_id=task_id, queue_position=position, scope=scope)
+    waiting = _unfollow(_waiting, (task_id, key)) if task_id is not None else None
+    _outcome(tracer, attributes, "parked", now=_now(), waiting=waiting)
 
 
 def _on_reaped(
@@ -521,7 +559,7 @@ _RECEIVERS: Mapping[Signal, Callable[..., None]] = {
     lock_coalesced: _outcome_receiver("coalesced", scope="scope"),
     lock_superseded: _outcome_receiver("superseded", by="superseded_by", running="running"),
     lock_debounced: _outcome_receiver("debounced", generation="generation"),
-    lock_parked: _outcome_receiver("parked", position="queue_position", scope="scope"),
+    lock_parked: _on_parked,
     lock_reaped: _on_reaped,
 }
 

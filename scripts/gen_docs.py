@@ -141,6 +141,10 @@ EXPLAIN_MEANINGS = {
     "of the number that applies (and where that number comes from: set in Redis by name or "
     "template, or the code's), by how many holds, the weight waiting in its line, and "
     "whether this call's weight fits",
+    "Weight": "only when the task's `lock_weight` callable failed for this call (raised, or "
+    "gave no whole number from 1 up): what went wrong; the `Limit` lines then give no "
+    "weight and no verdict (in `--json`, `weight_error`, and each limit's `weight` and "
+    "`fits` are null)",
 }
 
 
@@ -172,6 +176,7 @@ def full_explanation() -> Any:
         debounce=ex.Burst("a1b2c3d4", 3, now - 5, now + 1, 1.0, "open"),
         limits=(ex.LimitUse("tenant:acme", "tenant:{tenant}", 2, "code", 2, 1, 1, 1),),
         states=tuple(state for state in ex.STATES if state != "free"),
+        weight_error="lock_weight raised ZeroDivisionError: integer division or modulo by zero",
     )
     defaults = [
         field.name

@@ -5,7 +5,9 @@ A task's effective options select one conflict policy (``lock_on_conflict``), on
 (``lock_scope``) and the modes whose ``applies`` says yes; :func:`plan_for` puts them in
 the order the pipelines call their hooks. Adding a mode is a module of its own with a
 :class:`~.base.Mode` subclass, one line in :data:`MODES` (or :data:`POLICIES`), its option
-rows in :mod:`celery_singleton_lock.options` and its docs.
+rows in :mod:`celery_singleton_lock.options` and its docs; a mode that keeps state beside
+a lock key adds its state face (:mod:`.face`) to :data:`FACES` (:mod:`.faces`), which is
+how an explanation reads and shows that state.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from celery.exceptions import ImproperlyConfigured
 
 from celery_singleton_lock.modes.base import ConflictPolicy, Mode, Scope
 from celery_singleton_lock.modes.debounce import Debounce
+from celery_singleton_lock.modes.faces import FACES
 from celery_singleton_lock.modes.followup import Coalesce, Replace
 from celery_singleton_lock.modes.held import HoldBack
 from celery_singleton_lock.modes.lifetime import HoldAfterSuccess, ReleaseAtStart
@@ -33,9 +36,11 @@ from celery_singleton_lock.options import OPTION_RULES, Combination, LockOptions
 
 __all__ = [
     "COMBINATIONS",
+    "FACES",
     "MODES",
     "PHASES",
     "POLICIES",
+    "REPORTED",
     "SCOPES",
     "ConflictPolicy",
     "Mode",
@@ -66,6 +71,17 @@ MODES: tuple[type[Mode], ...] = (
     ReleaseAtStart,
     HoldAfterSuccess,
     RaiseOnLost,
+)
+
+#: The ``policy`` values the lock's signals report, and the policy (or mode) class each
+#: names: what observers ask instead of comparing names (``outcome``, ``waits``,
+#: ``fails_caller``, ``keeps_calls``).
+REPORTED: Mapping[str, type[Mode]] = MappingProxyType(
+    {
+        kind.reported: kind
+        for kind in (*(type(policy) for policy in POLICIES.values()), *MODES)
+        if kind.reported
+    }
 )
 
 #: Every rule about options that cannot go together: the options' own, then each mode's.

@@ -224,6 +224,19 @@ class Mode:
     name: ClassVar[str] = ""
     rules: ClassVar[tuple[Combination, ...]] = ()
 
+    # What observers (otel, metrics, the CLI) ask of a policy or mode that settles a
+    # conflict, rather than comparing its name: see ``modes.REPORTED``.
+    #: The ``policy`` the lock's signals report when it settles a conflict ("": none).
+    reported: ClassVar[str] = ""
+    #: The ``lock.outcome`` of an attempt it settles at once; None when a signal of its
+    #: own ends the attempt (``lock_parked``, ``lock_coalesced``, ``lock_superseded``).
+    outcome: ClassVar[str | None] = None
+    #: Whether a run that meets it blocks (for its key, or for its rate) instead of ending.
+    waits: ClassVar[bool] = False
+    #: Whether it fails the caller (``TaskLocked``, ``TaskThrottled``) when the call cannot
+    #: have its key or its start.
+    fails_caller: ClassVar[bool] = False
+
     @classmethod
     def applies(cls, options: LockOptions) -> bool:
         """Whether a task with these effective options uses this mode."""
@@ -308,8 +321,6 @@ class Scope(Mode):
 class ConflictPolicy(Mode):
     """What a run or a queue-scope call does when its key is held (``lock_on_conflict``)."""
 
-    #: The policy name reported by signals.
-    reported: ClassVar[str] = ""
     #: Whether calls it sets aside live only in the lock Redis (so workers sweep for them,
     #: and ``locks check`` asks for a lock Redis that keeps its data).
     keeps_calls: ClassVar[bool] = False

@@ -44,7 +44,8 @@ KEEP_MS = 3_600_000
 class Debounce(Mode):
     """``lock_debounce`` and ``lock_debounce_max_wait``."""
 
-    name = "debounce"
+    name = reported = "debounce"
+    outcome = "debounced"
     rules: ClassVar[tuple[Combination, ...]] = (
         Combination(
             lambda o, _: o.debounce_max_wait is not None and o.debounce is None,

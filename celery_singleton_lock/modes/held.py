@@ -19,16 +19,23 @@ costs a few seconds, and a call handed out ``HELD_RESTART`` seconds ago that nev
 (the worker that was to publish it died, or its message was lost) is handed out again; a
 copy of a call that finished ends without running. A held call is as durable as the lock
 Redis, as a parked one is.
+
+An explanation shows the stacked limits of a call (:class:`LimitsFace`): how much of each
+is used, by how many holds, the weight waiting in its line, and whether the call fits.
 """
 
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 from celery_singleton_lock.engine import atomic
+from celery_singleton_lock.engine.constants import STACK_AHEAD
 from celery_singleton_lock.engine.stack import stack_base
 from celery_singleton_lock.modes.base import HandedCall, Mode
+from celery_singleton_lock.modes.face import Asked, Face, Lines, fields, text
 from celery_singleton_lock.modes.parking import (
     HEADER_HELD,
     encode_call,
@@ -47,6 +54,8 @@ __all__ = [
     "PLACE_KEEP",
     "TRAVEL_KEEP",
     "HoldBack",
+    "LimitUse",
+    "LimitsFace",
     "hold_back",
     "holds_back",
 ]
@@ -127,3 +136,144 @@ class HoldBack(Mode):
         if run.header(HEADER_HELD) is not None:
             leave_held(run)
         return True
+
+
+# ---------------------------------------------------------------- the stacked limits' face
+
+
+@dataclass(frozen=True)
+class LimitUse:
+    """One stacked limit of the call (``lock_limits``): its rendered ``name``, the
+    ``number`` that applies now (``source`` says where it came from: ``"name"`` or
+    ``"template"`` when set in Redis, ``"code"``), the weight ``used`` by ``holds`` live
+    shares, the weight ``waiting`` of the runs in its line (room a new run leaves them),
+    the call's own ``weight``, and whether it ``fits`` now (both None when the task's
+    ``lock_weight`` failed for this call: ``Explanation.weight_error``)."""
+
+    name: str
+    template: str
+    number: int
+    source: str
+    used: int
+    holds: int
+    weight: int | None
+    waiting: int = 0
+
+    @property
+    def fits(self) -> bool | None:
+        if self.weight is None:
+            return None
+        return self.used + self.waiting + self.weight <= self.number
+
+    def describe(self) -> str:
+        text = (
+            f"{self.name}: {self.used} of {self.number} used by {self.holds} "
+            f"hold{'s' if self.holds != 1 else ''} (number from {self.source})"
+        )
+        if self.waiting:
+            text += f", {self.waiting} waiting in line"
+        if self.weight is None:
+            return text + "; this call's weight is unknown (lock_weight failed)"
+        verdict = "fits" if self.fits else "does not fit"
+        return text + f"; this call's weight {self.weight} {verdict}"
+
+
+def _set_number(value: object) -> int | None:
+    """A number set in Redis as the scripts read it: a whole number >= 0, else None."""
+    found = text(value)
+    try:
+        number = float(found) if found is not None else None
+    except ValueError:
+        return None
+    if number is None or number < 0 or number != int(number):
+        return None
+    return int(number)
+
+
+def _weight_of(member: object) -> int:
+    """The weight of a share or a place (``<weight>:<owner token>``; another layout: 1)."""
+    head = (text(member) or "").split(":", 1)[0]
+    return int(head) if head.isdigit() and int(head) >= 1 else 1
+
+
+class LimitsFace(Face):
+    """``limits``: each stacked limit of the call as the acquire script judges it now
+    (``lib/stack.lua``): its live shares, its number (set in Redis by name or template,
+    else the code's) and the live places of its line; read in the second round trip,
+    beside the key (the stack's keys share its hash slot). ``weight_error`` says why the
+    call's weight is unknown. State ``limited``: a limit has no room for the call."""
+
+    suffixes = ()  # the stack's keys live under the application's stack base
+    states = ("limited",)
+    fields = ("limits", "weight_error")
+
+    def second(self, asked: Asked, first: list[Any], pipe: Any) -> None:
+        stack = asked.stack
+        if stack is None:
+            return
+        for limit in stack.limits:
+            pipe.zrangebyscore(stack.limit_key(limit.name), f"({asked.now_ms}", "+inf")
+            pipe.hmget(stack.capacities, [limit.name, limit.template])
+            line = stack.line_key(limit.name)
+            pipe.zrange(line, 0, STACK_AHEAD - 1)
+            pipe.hgetall(line + ":alive")
+
+    def parts(self, asked: Asked, first: list[Any], second: list[Any]) -> dict[str, Any]:
+        stack = asked.stack
+        if stack is None:
+            return {"limits": (), "weight_error": asked.weight_error}
+        uses = []
+        for number_of, limit in enumerate(stack.limits):
+            shares, numbers, line, alive = second[4 * number_of : 4 * number_of + 4]
+            by_name, by_template = (_set_number(value) for value in numbers)
+            number, source = (
+                (by_name, "name")
+                if by_name is not None
+                else (by_template, "template")
+                if by_template is not None
+                else (limit.number, "code")
+            )
+            until = {text(member): _set_number(value) for member, value in dict(alive).items()}
+            waiting = sum(  # the live places of the line, as the scripts count them
+                _weight_of(member)
+                for member in line
+                if (until.get(text(member) or "") or 0) > asked.now_ms
+                and _weight_of(member) <= number
+            )
+            uses.append(
+                LimitUse(
+                    limit.name,
+                    limit.template,
+                    number,
+                    source,
+                    sum(_weight_of(member) for member in shares),
+                    len(shares),
+                    stack.weight if asked.weight_error is None else None,
+                    waiting,
+                )
+            )
+        return {"limits": tuple(uses), "weight_error": asked.weight_error}
+
+    def state_of(self, explanation: Any) -> tuple[str, ...]:
+        return ("limited",) if any(use.fits is False for use in explanation.limits) else ()
+
+    def lines(self, explanation: Any) -> Lines:
+        lines: Lines = [("Limit", use.describe()) for use in explanation.limits]
+        if explanation.weight_error is not None:
+            lines.append(("Weight", f"unknown: {explanation.weight_error}"))
+        return lines
+
+    def as_json(self, explanation: Any) -> dict[str, Any]:
+        found: dict[str, Any] = {
+            "limits": [{**fields(use), "fits": use.fits} for use in explanation.limits]
+        }
+        if explanation.weight_error is not None:
+            found["weight_error"] = explanation.weight_error
+        return found
+
+    def from_json(self, data: Mapping[str, Any]) -> dict[str, Any]:
+        limits = tuple(
+            LimitUse(**{name: value for name, value in use.items() if name != "fits"})
+            for use in data.get("limits") or ()
+        )
+        return {"limits": limits, "weight_error": data.get("weight_error")}

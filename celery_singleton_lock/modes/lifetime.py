@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import json
 import logging
-from typing import TYPE_CHECKING, ClassVar
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from celery import states
 
@@ -23,7 +24,7 @@ if TYPE_CHECKING:
     from celery_singleton_lock.modes.base import Release, Run
     from celery_singleton_lock.options import LockOptions
 
-__all__ = ["HoldAfterSuccess", "ReleaseAtStart"]
+__all__ = ["HoldAfterSuccess", "ReleaseAtStart", "held_after_success"]
 
 log = logging.getLogger("celery_singleton_lock.task")
 
@@ -59,6 +60,12 @@ class ReleaseAtStart(Mode):
         else:
             run.released("STARTED", held=True)
         return False
+
+
+def held_after_success(info: Mapping[str, Any]) -> bool:
+    """Whether a hold's holder info marks it a success hold (``lock_release="success"``:
+    nobody runs it, the key is kept on purpose), as ``_held_info`` writes it."""
+    return info.get("held") == "success"
 
 
 def _held_info(holder_info: str) -> str:

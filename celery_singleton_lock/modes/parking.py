@@ -2,21 +2,36 @@
 keeps a call (what publishing it again needs), the sweep's list of keys with parked calls,
 and a call's turn in its key's line (``lock_order="enqueue"``). :mod:`.park` decides when
 a call parks and hands keys over; :mod:`.order` keeps turns; this module only names and
-encodes."""
+encodes, and shows the park's state in an explanation (:class:`ParkFace`)."""
 
 from __future__ import annotations
 
 import json
 import logging
 import time
-from typing import TYPE_CHECKING, Any
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, cast
 
 from kombu.serialization import dumps, loads
 
-from celery_singleton_lock.engine import atomic
+from celery_singleton_lock.engine import atomic, keyspace
+from celery_singleton_lock.engine.keyspace import companion_key
 from celery_singleton_lock.engine.stack import stack_base
 from celery_singleton_lock.engine.wire import call
 from celery_singleton_lock.modes.base import HandedCall
+from celery_singleton_lock.modes.face import (
+    Asked,
+    Face,
+    Lines,
+    fields,
+    holder_info,
+    listed,
+    seconds,
+    since,
+    text,
+    who,
+)
 
 if TYPE_CHECKING:
     from celery_singleton_lock.engine.wire import LockClient
@@ -29,13 +44,18 @@ __all__ = [
     "HEADER_TURN",
     "INDEX_KEEP",
     "PARKED",
+    "Handed",
+    "ParkFace",
+    "Parked",
     "decode_call",
     "encode_call",
+    "handed_hold",
     "index_key",
     "keep_ms",
     "leave_held",
     "mark_parked",
     "milliseconds",
+    "parked_count",
     "parking_index",
     "priority_rank",
     "take_turn",
@@ -190,3 +210,109 @@ def turn_of(run: Run) -> int | None:
 def task_of(payload: bytes) -> str:
     """The task name of a parked call's payload."""
     return payload.split(b"\n", 1)[0].decode("utf-8", "replace")
+
+
+# ----------------------------------------------------------------------- the park's face
+
+
+@dataclass(frozen=True)
+class Parked:
+    """A call parked on the key (``lock_on_conflict="park"``), ``position`` 1 being the
+    next to be handed the key; ``since``: when it parked (server time, Unix seconds)."""
+
+    position: int
+    task_id: str
+    task: str | None = None
+    since: float | None = None
+    waited: float | None = None
+
+    def describe(self) -> str:
+        text = f"{self.position}. {who(self.task, self.task_id, None, None)}"
+        return text + (f", parked {seconds(self.waited)}" if self.waited is not None else "")
+
+
+@dataclass(frozen=True)
+class Handed:
+    """A parked call that was handed the key ``age`` seconds ago and has not started."""
+
+    task_id: str
+    since: float | None = None
+    age: float | None = None
+
+    def describe(self) -> str:
+        return f"[{self.task_id}] handed the key {seconds(self.age)} ago, not started yet"
+
+
+class ParkFace(Face):
+    """The park queue ``<base>parked`` (task ids scored by when they parked, in turn
+    order), each call's record in ``<base>parkdata`` (``<grant token>\\n<holder
+    info>\\n<the call>``: the task name is read from the holder info) and the calls handed
+    the key ``<base>granted``: ``parked``, ``parked_total``, ``handed``; state
+    ``parked``."""
+
+    suffixes = (keyspace.PARKED, keyspace.PARKDATA, keyspace.GRANTED)
+    states = ("parked",)
+    fields = ("parked", "parked_total", "handed")
+
+    def first(self, asked: Asked, pipe: Any) -> None:
+        pipe.zrange(asked.companion(keyspace.PARKED), 0, asked.most - 1, withscores=True)
+        pipe.zcard(asked.companion(keyspace.PARKED))
+        pipe.zrange(asked.companion(keyspace.GRANTED), 0, asked.most - 1, withscores=True)
+
+    def second(self, asked: Asked, first: list[Any], pipe: Any) -> None:
+        parked = first[0]
+        if parked:
+            pipe.hmget(asked.companion(keyspace.PARKDATA), [text(id_) for id_, _ in parked])
+
+    def parts(self, asked: Asked, first: list[Any], second: list[Any]) -> dict[str, Any]:
+        parked, total, granted = first
+        entries = second[0] if second else [None] * len(parked)
+        found = []
+        for position, ((task_id, score), entry) in enumerate(
+            zip(parked, entries, strict=True), start=1
+        ):
+            info: dict[str, Any] = {}
+            if isinstance(entry, bytes):
+                pieces = entry.split(b"\n", 2)
+                info = holder_info(text(pieces[1])) if len(pieces) > 1 else {}
+            at, waited = since(float(score), asked.now_us)
+            found.append(Parked(position, text(task_id) or "", text(info.get("task")), at, waited))
+        handed = tuple(
+            Handed(text(task_id) or "", *since(float(score) * 1000, asked.now_us))
+            for task_id, score in granted
+        )
+        return {"parked": tuple(found), "parked_total": int(total), "handed": handed}
+
+    def state_of(self, explanation: Any) -> tuple[str, ...]:
+        return ("parked",) if explanation.parked_total or explanation.handed else ()
+
+    def lines(self, explanation: Any) -> Lines:
+        lines: Lines = []
+        listed(lines, "Parked", explanation.parked_total, explanation.parked, "parked")
+        lines.extend(("Handed", handed.describe()) for handed in explanation.handed)
+        return lines
+
+    def as_json(self, explanation: Any) -> dict[str, Any]:
+        return {
+            "parked": [fields(parked) for parked in explanation.parked],
+            "parked_total": explanation.parked_total,
+            "handed": [fields(handed) for handed in explanation.handed],
+        }
+
+    def from_json(self, data: Mapping[str, Any]) -> dict[str, Any]:
+        return {
+            "parked": tuple(Parked(**parked) for parked in data.get("parked") or ()),
+            "parked_total": int(data.get("parked_total", 0)),
+            "handed": tuple(Handed(**handed) for handed in data.get("handed") or ()),
+        }
+
+
+def handed_hold(info: Mapping[str, Any]) -> bool:
+    """Whether a hold's holder info marks a key handed to a parked call (not started yet),
+    as :meth:`.park.Park` writes it."""
+    return info.get("parked") is True
+
+
+def parked_count(client: LockClient, key: str) -> int:
+    """How many calls are parked on lock ``key`` (``celery locks list``)."""
+    return int(cast("Any", client).zcard(companion_key(key, keyspace.PARKED)))

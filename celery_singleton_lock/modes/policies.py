@@ -16,8 +16,8 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from celery_singleton_lock import _observe as observe
 from celery_singleton_lock.exceptions import TaskLocked, TaskThrottled
-from celery_singleton_lock.explain import conflict_explanation
 from celery_singleton_lock.modes.base import ConflictPolicy
+from celery_singleton_lock.modes.explanation import conflict_explanation
 
 if TYPE_CHECKING:
     from celery_singleton_lock.engine import Holder, RedisLock
@@ -178,6 +178,7 @@ class Skip(ConflictPolicy):
     """The body does not run and the task ends without error (the default)."""
 
     name = reported = "skip"
+    outcome = "skipped"
 
     def for_attempt(self, retried: bool) -> ConflictPolicy:
         return UNCOUNTED_RETRY if retried else self
@@ -232,6 +233,7 @@ class Retry(ConflictPolicy):
     holder's lease); a throttled run comes back when its window frees."""
 
     name = reported = "retry"
+    outcome = "retried"
     #: Whether the lock's retries count against the task's ``max_retries``.
     counted: ClassVar[bool] = True
 
@@ -268,6 +270,8 @@ class Wait(ConflictPolicy):
     ``TaskLocked``; a throttled run holds its key and sleeps until its window frees."""
 
     name = reported = "wait"
+    outcome = "timed-out"
+    waits = fails_caller = True
 
     def limited_comes_back(self, scope: Scope) -> str | None:
         return None  # held back by a limit, the call meets this policy in either scope
@@ -332,6 +336,8 @@ class Raise(ConflictPolicy):
     """The task fails with ``TaskLocked`` (``TaskThrottled`` when throttled)."""
 
     name = reported = "raise"
+    outcome = "raised"
+    fails_caller = True
 
     def limited_comes_back(self, scope: Scope) -> str | None:
         return None  # held back by a limit, the call meets this policy in either scope

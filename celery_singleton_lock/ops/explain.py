@@ -1,9 +1,9 @@
 """``celery locks explain``: why a call of a task is blocked, for operators.
 
-The reading itself is :func:`celery_singleton_lock.explain.explain_key` (below the modes,
-so that a conflict can attach an explanation to a ``TaskLocked`` or a skip record); this
-module resolves a task call to its key and options as a worker does, reads the
-arguments as the command gets them (one JSON value per argument) and renders the result.
+The reading itself is :func:`celery_singleton_lock.explain.explain_key` (each mode's part
+read and shown by its state face, :mod:`celery_singleton_lock.modes.face`); this module
+resolves a task call to its key and options as a worker does, reads the arguments as the
+command gets them (one JSON value per argument) and renders the result.
 The explanation's types are re-exported here.
 """
 
@@ -26,6 +26,7 @@ from celery_singleton_lock.explain import (
     Throttle,
     Waiter,
     explain_key,
+    weighed_stack,
 )
 from celery_singleton_lock.runtime import locking_for
 
@@ -76,8 +77,16 @@ def explain_task(
         )
     key = locking.key(list(args), kwargs)
     client = locking.client(task.app)
-    stack = locking.stack(list(args), kwargs)
-    return explain_key(client, key, locking.options, task=task.name, most=most, stack=stack)
+    stack, weight_error = weighed_stack(locking, list(args), kwargs)
+    return explain_key(
+        client,
+        key,
+        locking.options,
+        task=task.name,
+        most=most,
+        stack=stack,
+        weight_error=weight_error,
+    )
 
 
 def render(explanation: Explanation, *, as_json: bool = False) -> str:

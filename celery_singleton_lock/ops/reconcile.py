@@ -52,9 +52,11 @@ from typing import TYPE_CHECKING, Any, cast
 
 from celery_singleton_lock.engine import RedisLock, companion_key
 from celery_singleton_lock.engine.constants import MAX_DURATION
-from celery_singleton_lock.engine.keyspace import PARKED
 from celery_singleton_lock.engine.value import LockValue, parse_value
 from celery_singleton_lock.engine.wire import LockClient, server_time
+from celery_singleton_lock.modes.lifetime import held_after_success
+from celery_singleton_lock.modes.parking import parked_count
+from celery_singleton_lock.modes.pending import pending_id
 from celery_singleton_lock.ops.admin import LockRow, decode_key, lock_row, scan_values
 from celery_singleton_lock.ops.evidence import (
     INSPECT_TIMEOUT,
@@ -142,7 +144,7 @@ def lock_states(client: LockClient, pattern: str) -> list[LockState]:
     for state in states.values():
         state.waiters, state.pending = _queue_of(client, state.key)
         with contextlib.suppress(ValueError):
-            state.parked = int(client.zcard(companion_key(state.key, PARKED)))
+            state.parked = parked_count(client, state.key)
     return [states[key] for key in sorted(states)]
 
 
@@ -153,7 +155,7 @@ def _queue_of(client: LockClient, key: str) -> tuple[list[str], str | None]:
     except ValueError:
         return [], None
     tokens = [decode_key(token) for token in cast("list[bytes]", client.zrange(queue, 0, -1))]
-    pending = client.hget(companion_key(key, "pending"), "id")
+    pending = pending_id(client, key)
     waiters = []
     if tokens:
         values = client.mget([companion_key(key, f"waiter:{token}") for token in tokens])
@@ -166,7 +168,7 @@ def _queue_of(client: LockClient, key: str) -> tuple[list[str], str | None]:
             except ValueError:
                 info = {}
             waiters.append(str(info.get("task_id") or token) if isinstance(info, dict) else token)
-    return waiters, decode_key(pending) if pending is not None else None
+    return waiters, pending
 
 
 @dataclass(frozen=True)
@@ -257,7 +259,7 @@ def _first_sight(client: LockClient, rows: Sequence[LockRow]) -> list[_Watched]:
             continue
         value = parse_value(raw)
         fresh = lock_row(row.key, raw, -1, now_ms)
-        if fresh.kind != "lock" or value.token is None or fresh.info.get("held") == "success":
+        if fresh.kind != "lock" or value.token is None or held_after_success(fresh.info):
             continue
         hold = _Watched(fresh, raw, value, seen_ms=now_ms, now_ms=now_ms)
         hold.observe(raw, now_ms)

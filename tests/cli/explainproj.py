@@ -81,6 +81,23 @@ def export(customer: int) -> None:
     """Up to three exports per customer at once."""
 
 
+def _rows_weight(tenant: str, rows: int) -> int:
+    """A weight callable that fails for some calls: 10 // rows (rows 0 divides by zero)."""
+    return 10 // rows
+
+
+@app.task(
+    shared=False,
+    name="shop.bulk",
+    base=LockedTask,
+    lock_keys=["tenant", "rows"],
+    lock_limits=[("bulk:{tenant}", 4)],
+    lock_weight=_rows_weight,
+)
+def bulk(tenant: str, rows: int) -> None:
+    """Bulk imports share four units per tenant, each weighing 10 // rows."""
+
+
 @app.task(shared=False, name="shop.ping")
 def ping() -> None:
     """A task that is not locked."""

@@ -440,3 +440,62 @@ def test_an_unreachable_lock_redis(cli: Cli) -> None:
     done = cli("explain", "shop.buy", '"sku-1"', "7", url=f"redis://127.0.0.1:{free_port()}/0")
     assert done.returncode == 69, done.stderr
     assert "lock Redis at redis://127.0.0.1:" in done.stderr
+
+
+def test_a_weight_callable_that_raises_is_named_and_the_rest_explained(
+    redis_server: RedisServer, prefix: str, client: redis.Redis, cli: Cli
+) -> None:
+    """Issue 31 finding 6: ``lock_weight`` raises for this call (10 // 0). ``locks explain``
+    still explains the key (exit 0): a holder is listed, the stacked limit with its use and
+    no weight, and a ``weight_error`` (a ``Weight`` line in text) names the failure; a call
+    whose weight works explains as before. ``task.lock_explain()`` says the same."""
+    key = _key(cli, "shop.bulk", ["acme", 0])
+    info = {"task_id": "t-bulk", "task": "shop.bulk", "host": "box", "pid": 5}
+    held = RedisLock(client, key, timeout=30.0, holder_info=info)
+    assert held.acquire(blocking=False)
+    try:
+        done = cli("explain", "shop.bulk", '"acme"', "0", "--json")
+        assert done.returncode == 0, done.stderr
+        found = json.loads(done.stdout)
+        assert set(found) == FIELDS | {"weight_error"}
+        assert (
+            found["weight_error"]
+            == "lock_weight raised ZeroDivisionError: integer division or modulo by zero"
+        )
+        assert found["states"] == ["held"]
+        assert [h["task_id"] for h in found["holders"]] == ["t-bulk"]
+        ((use,),) = [found["limits"]]
+        assert (use["name"], use["number"], use["used"], use["weight"], use["fits"]) == (
+            "bulk:acme",
+            4,
+            0,
+            None,
+            None,
+        )
+        assert Explanation.from_json(found).as_json() == found
+        text = _lines(cli, "shop.bulk", '"acme"', "0")
+        assert text["Weight"] == ["unknown: " + found["weight_error"]]
+        assert text["Holder"][0].startswith("shop.bulk[t-bulk] on box/5: running")
+        assert text["Limit"][0].endswith("; this call's weight is unknown (lock_weight failed)")
+
+        fine = _explain(cli, "shop.bulk", '"acme"', "5")  # weight 2: no weight_error field
+        assert [(u["weight"], u["fits"]) for u in fine["limits"]] == [(2, True)]
+    finally:
+        held.release()
+
+    app = Celery("weights", broker=redis_server.url, set_as_current=False)
+    app.conf.update(singleton_lock_url=redis_server.url, singleton_lock_prefix=prefix)
+
+    def weight(tenant: str, rows: int) -> int:
+        raise RuntimeError("no rows table")
+
+    @app.task(name="shop.bulk", shared=False, base=LockedTask, lock_keys=["tenant", "rows"],
+              lock_limits=[("bulk:{tenant}", 4)], lock_weight=weight)  # fmt: skip
+    def bulk(tenant: str, rows: int) -> None: ...
+
+    explanation = bulk.lock_explain("acme", 0)
+    assert explanation.state == "free"
+    assert explanation.weight_error == "lock_weight raised RuntimeError: no rows table"
+    assert [(use.name, use.weight, use.fits) for use in explanation.limits] == [
+        ("bulk:acme", None, None)
+    ]

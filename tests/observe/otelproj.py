@@ -113,6 +113,20 @@ def parked(name: str, seconds: float) -> str:
     return "ran"
 
 
+@app.task(
+    name="otel.limited",
+    base=LockedTask,
+    lock_keys=["name", "part"],
+    lock_on_conflict="park",
+    lock_limits=[("otel-limited:{name}", 1)],
+)
+def limited(name: str, part: int, seconds: float) -> str:
+    """Policy park under a stacked limit of one: a call of another part (its key free)
+    is held back while one runs, and parked until the limit has room."""
+    time.sleep(seconds)
+    return "ran"
+
+
 @app.task(name="otel.paced", base=LockedTask, lock_keys=["name"], lock_rate_limit="1/m")
 def paced(name: str) -> str:
     """One start per key a minute: a second run within the minute is throttled (skip)."""

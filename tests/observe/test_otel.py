@@ -317,6 +317,40 @@ def test_a_parked_run_has_a_parked_acquire_span_then_its_run(
     )
 
 
+def test_a_limit_parked_run_has_one_parked_acquire_span_per_try(
+    traced: ModuleType, spans_dir: Path, name: str
+) -> None:
+    """Issue 31 finding 3: a call that a stacked limit holds back under ``park`` (its own
+    key free) gets one ``lock.acquire`` span for that try, outcome ``parked`` (from the
+    documented set, carrying the policy), then, once the limit has room, ``acquired``
+    and a hold: no second span of the same try with an outcome ``park``."""
+    first = traced.limited.delay(name, 1, 1.5)
+    wait_spans(spans_dir, lambda spans: bool(of_task(spans, "lock.acquire", first.id)), 60)
+    later = traced.limited.delay(name, 2, 0)
+    assert later.get(timeout=60) == "ran"
+    assert first.get(timeout=60) == "ran"
+    spans = wait_spans(
+        spans_dir,
+        lambda spans: (
+            bool(of_task(spans, "lock.hold", later.id))
+            and len(of_task(spans, "run/otel.limited", later.id)) >= 2
+        ),
+        60,
+    )
+    acquires = of_task(spans, "lock.acquire", later.id)
+    outcomes = sorted(span["attributes"]["lock.outcome"] for span in acquires)
+    assert outcomes == ["acquired", "parked"]
+    assert set(outcomes) <= set(otel.OUTCOMES)
+    (parked,) = (span for span in acquires if span["attributes"]["lock.outcome"] == "parked")
+    assert parked["attributes"]["lock.policy"] == "park"
+    assert parked["attributes"]["lock.key"] == traced.limited.lock_key(name, 2, 0)
+    runs = of_task(spans, "run/otel.limited", later.id)
+    assert any(
+        (parked["trace_id"], parked["parent_id"]) == (run["trace_id"], run["span_id"])
+        for run in runs
+    )
+
+
 def test_a_throttled_run_has_a_throttled_acquire_span(
     traced: ModuleType, spans_dir: Path, name: str
 ) -> None:

@@ -133,3 +133,32 @@ def test_the_follow_up_figures_of_the_modes_page_are_the_code_s() -> None:
     assert f"for up to {HAND_OVER_PATIENCE:g} s (`modes.followup.HAND_OVER_PATIENCE`" in text
     assert f"for {HANDED_KEEP_MS // 60_000} minutes (`engine.atomic.HANDED_KEEP_MS`" in text
     assert f"parked calls every {SWEEP_INTERVAL:g} s)" in text
+
+
+def test_observers_ask_the_policy_what_it_reports() -> None:
+    """What the signals report as ``policy`` is every conflict policy's name and a debounced
+    call's, each naming the policy (or mode) that says how observers read it: a span's
+    outcome (None: a signal of its own ends the attempt, as ``lock_parked`` does, and every
+    other outcome is a documented one), whether it waits, whether it fails the caller, and
+    whether it keeps calls in the lock Redis."""
+    from celery_singleton_lock import otel  # noqa: PLC0415 - the otel extra
+    from celery_singleton_lock.modes import REPORTED  # noqa: PLC0415
+
+    assert set(REPORTED) == {*opt.CONFLICT_POLICIES, "debounce"}
+    read = {
+        name: (kind.outcome, kind.waits, kind.fails_caller, getattr(kind, "keeps_calls", False))
+        for name, kind in REPORTED.items()
+    }
+    assert read == {
+        "skip": ("skipped", False, False, False),
+        "retry": ("retried", False, False, False),
+        "raise": ("raised", False, True, False),
+        "wait": ("timed-out", True, True, False),
+        "coalesce": (None, False, False, True),
+        "replace": (None, False, False, True),
+        "park": (None, False, False, True),
+        "debounce": ("debounced", False, False, False),
+    }
+    assert {kind.outcome for kind in REPORTED.values()} - {None} <= set(otel.OUTCOMES)
+    for name, policy in POLICIES.items():
+        assert REPORTED[policy.reported] is type(policy), name

@@ -11,6 +11,7 @@ from celery.bin.base import CeleryCommand, CeleryOption
 
 from celery_singleton_lock.client import mask_url
 from celery_singleton_lock.engine.wire import server_time
+from celery_singleton_lock.modes.lifetime import held_after_success
 from celery_singleton_lock.ops.admin import (
     HEADINGS,
     LockRow,
@@ -86,7 +87,7 @@ _EXTRA = ("STATE", "AGE", "WAITERS", "PARKED", "FOLLOW-UP")
 def _state_of(row: LockRow) -> str:
     if not row.held:
         return "expired"
-    if row.info.get("held") == "success":
+    if held_after_success(row.info):
         return "held"
     return "queued" if row.queued else "running"
 

@@ -1,0 +1,151 @@
+"""What the worker tells the world about its locks: the public signals, the worker event of a
+skipped duplicate, and the record that makes a skip queryable afterwards.
+
+The :class:`~celery.utils.dispatch.Signal` objects live here, below :mod:`.runtime` (which
+sends them); :mod:`celery_singleton_lock.signals` re-exports them as the public names. The
+package is split by job: the signal objects and event names (:mod:`.objects`), the run's
+lock (:mod:`.runlock`), the emitters (:mod:`.emit`, and :mod:`.beat` for a beat group),
+the skip record (:mod:`.skips`) and the reference tables for the docs (:mod:`.docs`); every
+name is re-exported here.
+Sending costs nothing but a list check when nobody listens; with receivers connected, the
+only extra Redis read is the holder of a lock a ``wait`` run starts waiting for. Celery's
+``Signal.send`` already logs and swallows a receiver's exception; the helpers here also
+guard against anything else going wrong, so observing a lock never breaks a task.
+"""
+
+from __future__ import annotations
+
+from celery_singleton_lock._observe.beat import (
+    beat_event,
+    deposed,
+    elected,
+    slot_caught_up,
+    slot_sent,
+    slot_skipped,
+    slots_missed,
+)
+from celery_singleton_lock._observe.docs import (
+    _signal_docs,
+    documented_keywords,
+    events_markdown,
+    signals_markdown,
+)
+from celery_singleton_lock._observe.emit import (
+    acquired,
+    coalesced,
+    conflict,
+    debounced,
+    lost,
+    parked,
+    producer_event,
+    reaped,
+    released,
+    superseded,
+    throttled,
+    unparked,
+    worker_event,
+    worker_events,
+)
+from celery_singleton_lock._observe.objects import (
+    BEAT_CAUGHT_UP_EVENT,
+    BEAT_DEPOSED_EVENT,
+    BEAT_ELECTED_EVENT,
+    BEAT_EVENTS,
+    BEAT_MISSED_EVENT,
+    BEAT_SENT_EVENT,
+    BEAT_SKIPPED_EVENT,
+    COALESCED_EVENT,
+    DEBOUNCED_EVENT,
+    PARKED_EVENT,
+    REAPED_EVENT,
+    SKIPPED_EVENT,
+    SUPERSEDED_EVENT,
+    THROTTLED_EVENT,
+    UNPARKED_EVENT,
+    beat_deposed,
+    beat_elected,
+    beat_slot_caught_up,
+    beat_slot_sent,
+    beat_slot_skipped,
+    beat_slots_missed,
+    emit,
+    lock_acquired,
+    lock_coalesced,
+    lock_conflict,
+    lock_debounced,
+    lock_lost,
+    lock_parked,
+    lock_reaped,
+    lock_released,
+    lock_renewed,
+    lock_superseded,
+    lock_throttled,
+    lock_unparked,
+)
+from celery_singleton_lock._observe.runlock import RunLock
+from celery_singleton_lock._observe.skips import skip_record_key, skipped
+
+__all__ = [
+    "BEAT_CAUGHT_UP_EVENT",
+    "BEAT_DEPOSED_EVENT",
+    "BEAT_ELECTED_EVENT",
+    "BEAT_EVENTS",
+    "BEAT_MISSED_EVENT",
+    "BEAT_SENT_EVENT",
+    "BEAT_SKIPPED_EVENT",
+    "COALESCED_EVENT",
+    "DEBOUNCED_EVENT",
+    "PARKED_EVENT",
+    "REAPED_EVENT",
+    "SKIPPED_EVENT",
+    "SUPERSEDED_EVENT",
+    "THROTTLED_EVENT",
+    "UNPARKED_EVENT",
+    "RunLock",
+    "_signal_docs",
+    "acquired",
+    "beat_deposed",
+    "beat_elected",
+    "beat_event",
+    "beat_slot_caught_up",
+    "beat_slot_sent",
+    "beat_slot_skipped",
+    "beat_slots_missed",
+    "coalesced",
+    "conflict",
+    "debounced",
+    "deposed",
+    "documented_keywords",
+    "elected",
+    "emit",
+    "events_markdown",
+    "lock_acquired",
+    "lock_coalesced",
+    "lock_conflict",
+    "lock_debounced",
+    "lock_lost",
+    "lock_parked",
+    "lock_reaped",
+    "lock_released",
+    "lock_renewed",
+    "lock_superseded",
+    "lock_throttled",
+    "lock_unparked",
+    "lost",
+    "parked",
+    "producer_event",
+    "reaped",
+    "released",
+    "signals_markdown",
+    "skip_record_key",
+    "skipped",
+    "slot_caught_up",
+    "slot_sent",
+    "slot_skipped",
+    "slots_missed",
+    "superseded",
+    "throttled",
+    "unparked",
+    "worker_event",
+    "worker_events",
+]
