@@ -29,6 +29,7 @@ import threading
 import time
 import uuid
 import weakref
+from collections.abc import Coroutine
 from types import TracebackType
 from typing import Any, cast
 
@@ -80,6 +81,28 @@ def _current_task() -> _Task | None:
         return asyncio.current_task()
     except RuntimeError:
         return None
+
+
+async def _to_the_end(cleanup: Coroutine[Any, Any, None]) -> None:
+    """Run ``cleanup`` to its end, however often the calling task is cancelled meanwhile
+    (anyio and Starlette cancel scopes cancel again and again, nested timeouts each once),
+    then raise the cancellation if there was one. A bare ``asyncio.shield`` gives up at
+    the second cancellation, leaving the clean-up to finish in the background, or never,
+    when the event loop ends first: a grant it was giving back would stay held by nobody
+    for the whole lease."""
+    task = asyncio.ensure_future(cleanup)
+    cancelled: asyncio.CancelledError | None = None
+    while True:
+        try:
+            await asyncio.shield(task)
+        except asyncio.CancelledError as exc:
+            if task.done():  # the clean-up itself was cancelled (the loop is closing)
+                raise
+            cancelled = exc
+            continue
+        break
+    if cancelled is not None:
+        raise cancelled
 
 
 class _Judge(Renewing):
@@ -361,7 +384,7 @@ class AsyncRedisLock(HoldView):
             except BaseException:
                 # Cancelled (or interrupted) with the try on its way: the server may have
                 # queued us or granted the lock. Leave nothing held in our name.
-                await asyncio.shield(self._stop_waiting(token))
+                await _to_the_end(self._stop_waiting(token))
                 raise
             if attempt.acquired:
                 return self._hold_of(token, attempt.number, attempt.key, started)
@@ -391,7 +414,7 @@ class AsyncRedisLock(HoldView):
                 elif step.sleep > 0:
                     await asyncio.sleep(step.sleep)  # the last stretch before a lease ends
             except BaseException:
-                await asyncio.shield(self._stop_waiting(token))
+                await _to_the_end(self._stop_waiting(token))
                 raise
             if granted is not None:
                 return self._hold_of(token, granted.fence, granted.key, started)
