@@ -14,7 +14,7 @@ from __future__ import annotations
 import asyncio
 import sys
 from collections.abc import Awaitable
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 import redis
 import redis.asyncio
@@ -28,8 +28,10 @@ from celery_singleton_lock.engine.protocol import (
     cancelled,
     granted_to,
     popped_grant,
+    read_commands,
 )
 from celery_singleton_lock.engine.scripted import ScriptCall, ScriptCalls
+from celery_singleton_lock.engine.stack import Stack
 from celery_singleton_lock.engine.wire import backend_error, time_reply
 from celery_singleton_lock.exceptions import LockBackendError
 
@@ -96,9 +98,12 @@ class AsyncScriptedProtocol(LockKeys):
         limit: int = 1,
         group: str = "",
         fair_ms: int = 0,
+        stack: Stack | None = None,
         bound: float | None = None,
     ) -> None:
-        super().__init__(name, signal_key, info, limit=limit, group=group, fair_ms=fair_ms)
+        super().__init__(
+            name, signal_key, info, limit=limit, group=group, fair_ms=fair_ms, stack=stack
+        )
         self.client = client
         self.bound = bound
         self.calls = ScriptCalls(self)
@@ -131,14 +136,12 @@ class AsyncScriptedProtocol(LockKeys):
         """Owner-checked new lease end (see ``Protocol.extend``)."""
         return int(await self._run(self.calls.extend(token, lease_ms, key)))
 
-    async def wait(self, token: str, seconds: float) -> Grant | None:
+    async def wait(self, token: str, seconds: float, limit: str | None = None) -> Grant | None:
         """Block up to ``seconds`` until a release wakes this waiter (see
         ``Protocol.wait``)."""
-        grant = self.grant_key(token)
-        reply = await self.call(
-            self._redis.blpop([grant, self.signal_key], timeout=seconds), blocks=seconds
-        )
-        return popped_grant(reply, grant)
+        keys = self.wake_keys(token, limit)
+        reply = await self.call(self._redis.blpop(keys, timeout=seconds), blocks=seconds)
+        return popped_grant(reply, keys[0])
 
     async def cancel(self, token: str) -> Grant | None:
         """A waiter stops waiting (see ``Protocol.cancel``)."""
@@ -153,3 +156,38 @@ class AsyncScriptedProtocol(LockKeys):
     async def server_time(self) -> tuple[int, int]:
         """The server's clock as (milliseconds, microseconds)."""
         return time_reply(await self.call(self._redis.time()))
+
+    # -- reads (and the replicas' WAIT) that the lock's flows ask for (``core``) -----------
+
+    async def inspect(self, key: str) -> tuple[int, Any, Any]:
+        """Server time (ms), the raw value of ``key`` and its PTTL, in one round trip."""
+        pipe = self._redis.pipeline(transaction=False)
+        pipe.time()
+        now, raw, ttl = await self.call(read_commands(pipe, [key]).execute())
+        return time_reply(now)[0], raw, ttl
+
+    async def slot_index(self, now_ms: int) -> Any:
+        """The slots the slot index says are held after server time ``now_ms``."""
+        return await self.call(self._redis.zrangebyscore(self.slots_key, f"({now_ms}", "+inf"))
+
+    async def read_slots(self, keys: list[str]) -> list[Any]:
+        """The raw value and PTTL of each of ``keys``, flat."""
+        pipe = read_commands(self._redis.pipeline(transaction=False), keys)
+        return cast("list[Any]", await self.call(pipe.execute()))
+
+    async def owner_slot(self, token: str) -> Any:
+        """The slot number the slot index's owners give ``token`` (raw), or None."""
+        return await self.call(self._redis.hget(self.owners_key, token))
+
+    async def get(self, key: str) -> Any:
+        """The raw value of ``key``."""
+        return await self.call(self._redis.get(key))
+
+    async def replicate(self, replicas: int, timeout_ms: int) -> int:
+        """How many replicas acknowledged every write so far: a marker written, then
+        ``WAIT``, on one connection (see ``wire.wait_for_replicas``)."""
+        pipe = self._redis.pipeline(transaction=False)
+        pipe.set(self.sync_key, b"1", px=timeout_ms + 1000)
+        pipe.execute_command("WAIT", replicas, timeout_ms)
+        _, acked = await self.call(pipe.execute(), blocks=timeout_ms / 1000)
+        return int(acked)
