@@ -5,7 +5,7 @@ EVALSHA), the same value grammar, companion keys, fencing tokens, waiters' queue
 hand-off, so an ``AsyncRedisLock`` and a ``RedisLock`` (or a classic SETNX locker) on one
 key exclude each other. It is the sync engine's own lock: the arguments, the hold a call
 is about and every step of acquire, wait, release, extend, renewal and the reads are
-:class:`.core.LockCore`'s flows, which this module runs by awaiting each call they ask for
+:class:`.steps.LockSteps`'s flows, which this module runs by awaiting each call they ask for
 (:func:`.flow.arun`) on :class:`.aio_protocol.AsyncScriptedProtocol`. Only what asyncio
 changes is written here: the caller is a task, the turn of a fixed token's tasks is an
 ``asyncio.Lock``, a renewal is a task, and a clean-up survives repeated cancellation.
@@ -35,10 +35,10 @@ import redis
 import redis.asyncio
 
 from celery_singleton_lock.engine.aio_protocol import DEFAULT_CALL_TIMEOUT, AsyncScriptedProtocol
-from celery_singleton_lock.engine.core import LockCore
 from celery_singleton_lock.engine.flow import Op, Shield, arun
 from celery_singleton_lock.engine.holds import Hold
 from celery_singleton_lock.engine.renewal import RENEW_DIVISOR
+from celery_singleton_lock.engine.steps import LockSteps
 from celery_singleton_lock.engine.value import Holder
 from celery_singleton_lock.engine.wire import socket_timeout
 from celery_singleton_lock.exceptions import LockNotOwned
@@ -94,7 +94,7 @@ async def _renewing(ref: weakref.ref[AsyncRedisLock], hold: Hold, delay: float |
         del lock
 
 
-class AsyncRedisLock(LockCore[redis.asyncio.Redis]):
+class AsyncRedisLock(LockSteps[redis.asyncio.Redis]):
     """A lease-based distributed lock on one Redis key, for asyncio: ``RedisLock``'s API
     with ``await`` (``acquire``, ``release``, ``extend``, ``owned``, ``locked``,
     ``holder``, ``holders``) and ``async with``.
@@ -108,7 +108,7 @@ class AsyncRedisLock(LockCore[redis.asyncio.Redis]):
     ``auto_renew``, ``fallback_poll``, ``token``, ``claim``, ``holder_info``, ``limit``,
     ``group``, ``replicas``, ``replicas_timeout``, ``fair_after`` and ``stack``): the steps
     of acquire, wait, release, extend and renewal are the sync engine's own
-    (:class:`~.core.LockCore`), awaited here. A hold
+    (:class:`~.steps.LockSteps`), awaited here. A hold
     belongs to the asyncio task that acquired it: ``release()``, ``extend()``,
     ``owned()``, ``fencing_token`` and ``lease_lost`` act on the calling task's hold, or,
     from a task that holds none, on the one hold this instance has (a lock taken in one

@@ -1,6 +1,6 @@
 """The lock's steps as flows: generators that yield the Redis calls to make and are sent
 their replies, so that acquire, wait, release and extend are written once
-(:class:`.core.LockCore`) and run by two small runners, a blocking one for ``RedisLock``
+(:class:`.steps.LockSteps`) and run by two small runners, a blocking one for ``RedisLock``
 and an awaiting one for ``AsyncRedisLock``.
 
 A flow yields an :class:`Op` (call the method of that name on the lock's protocol, or on

@@ -16,7 +16,7 @@ scripts, no further round trip. The BLPOP timeout doubles as the fallback poll t
 a crashed holder's lease running out. This module imports nothing from Celery.
 
 This module is the public API and how a thread makes each call; the steps of acquire, wait,
-release, extend and every read are written once, as flows, in :class:`~.core.LockCore`,
+release, extend and every read are written once, as flows, in :class:`~.steps.LockSteps`,
 which the asyncio engine (:mod:`~.aio`) runs too. A hold is a :class:`~.holds.Hold`, and the
 lease renewal's thread lanes ``RedisLock`` inherits from :class:`~.renewal.Renewing`.
 """
@@ -31,13 +31,13 @@ import weakref
 from types import TracebackType
 from typing import Any, ClassVar
 
-from celery_singleton_lock.engine.core import LockCore
 from celery_singleton_lock.engine.flow import Op, Shield, run
 from celery_singleton_lock.engine.holds import Hold
 from celery_singleton_lock.engine.plain import PlainProtocol
 from celery_singleton_lock.engine.protocol import Protocol
 from celery_singleton_lock.engine.renewal import Renewing
 from celery_singleton_lock.engine.scripted import ScriptedProtocol
+from celery_singleton_lock.engine.steps import LockSteps
 from celery_singleton_lock.engine.value import Holder
 from celery_singleton_lock.engine.wire import LockClient
 from celery_singleton_lock.exceptions import LockNotOwned
@@ -63,7 +63,7 @@ def _reset_in_child() -> None:
 os.register_at_fork(after_in_child=_reset_in_child)
 
 
-class RedisLock(LockCore[LockClient], Renewing):
+class RedisLock(LockSteps[LockClient], Renewing):
     """A lease-based distributed lock on one Redis key.
 
     ``timeout`` is the lease in seconds. ``auto_renew`` keeps extending the lease while the

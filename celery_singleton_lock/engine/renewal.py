@@ -14,8 +14,8 @@ being renewed and expires), end their thread after a while without work, and are
 in a forked child.
 
 :class:`Renewing` is the renewal half of ``RedisLock`` (a mixin it inherits): which lane
-serves a lock, one renewal, a batch of due renewals in one round trip, and what a renewal's
-reply means for its hold.
+serves a lock and a batch of due renewals in one round trip. One renewal, and what its
+reply means for the hold, are the steps both engines share (:class:`.steps.LockSteps`).
 """
 
 from __future__ import annotations
@@ -198,9 +198,9 @@ os.register_at_fork(after_in_child=_reset_renewer_in_child)
 
 
 class Renewing:
-    """The renewal half of ``RedisLock``, which inherits it: the lane a lock is renewed in,
-    one renewal of a hold, a batch of due renewals, and what a renewal's reply means. The
-    attributes declared here are set by ``RedisLock``."""
+    """The renewal half of ``RedisLock``, which inherits it: the lane a lock is renewed in
+    and a batch of due renewals (one renewal and the judgement of its reply are
+    :class:`.steps.LockSteps`'). The attributes declared here are set by ``RedisLock``."""
 
     client: LockClient
     name: str
@@ -214,12 +214,12 @@ class Renewing:
 
         def _renew(self, hold: Hold) -> float | None:
             """Extend ``hold``'s lease; the delay until its next renewal, or None to stop
-            (``core.LockCore._renewal``, run by ``RedisLock``)."""
+            (``steps.LockSteps._renewal``, run by ``RedisLock``)."""
 
         def _renewal_reply(
             self, hold: Hold, started: float, reply: int | BaseException
         ) -> float | None:
-            """What a renewal's reply means for ``hold`` (``core.LockCore``)."""
+            """What a renewal's reply means for ``hold`` (``steps.LockSteps``)."""
 
     def _start_renewal(self, hold: Hold) -> None:
         """Renew ``hold`` a third of a lease from now, and on, until it ends."""
