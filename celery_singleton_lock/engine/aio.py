@@ -27,7 +27,6 @@ import contextlib
 import logging
 import time
 import weakref
-from collections.abc import Coroutine
 from types import TracebackType
 from typing import Any
 
@@ -35,7 +34,7 @@ import redis
 import redis.asyncio
 
 from celery_singleton_lock.engine.aio_protocol import DEFAULT_CALL_TIMEOUT, AsyncScriptedProtocol
-from celery_singleton_lock.engine.flow import Op, Shield, arun
+from celery_singleton_lock.engine.flow import arun
 from celery_singleton_lock.engine.holds import Hold
 from celery_singleton_lock.engine.renewal import RENEW_DIVISOR
 from celery_singleton_lock.engine.steps import LockSteps
@@ -56,28 +55,6 @@ def _current_task() -> _Task | None:
         return asyncio.current_task()
     except RuntimeError:
         return None
-
-
-async def _to_the_end(cleanup: Coroutine[Any, Any, Any]) -> Any:
-    """Run ``cleanup`` to its end, however often the calling task is cancelled meanwhile
-    (anyio and Starlette cancel scopes cancel again and again, nested timeouts each once),
-    then raise the cancellation if there was one. A bare ``asyncio.shield`` gives up at
-    the second cancellation, leaving the clean-up to finish in the background, or never,
-    when the event loop ends first: a grant it was giving back would stay held by nobody
-    for the whole lease."""
-    task = asyncio.ensure_future(cleanup)
-    cancelled: asyncio.CancelledError | None = None
-    while True:
-        try:
-            result = await asyncio.shield(task)
-        except asyncio.CancelledError as exc:
-            if task.done():  # the clean-up itself was cancelled (the loop is closing)
-                raise
-            cancelled = exc
-            continue
-        if cancelled is not None:
-            raise cancelled
-        return result
 
 
 async def _renewing(ref: weakref.ref[AsyncRedisLock], hold: Hold, delay: float | None) -> None:
@@ -161,13 +138,6 @@ class AsyncRedisLock(LockSteps[redis.asyncio.Redis]):
 
     def _holder_alive(self, hold: Hold) -> bool:
         return any(not task.done() for task, held in self._holds.items() if held is hold)  # type: ignore[attr-defined]
-
-    async def _do(self, op: Op | Shield) -> Any:
-        """Await one call a flow asks for; a clean-up runs to its end through any number of
-        cancellations (``_to_the_end``)."""
-        if isinstance(op, Shield):
-            return await _to_the_end(arun(self, op.flow))
-        return await getattr(self if op.on_lock else self.protocol, op.method)(*op.args)
 
     async def _reserve(self, blocking: bool, deadline: float | None) -> bool:
         """The local turn of a fixed-token owner's tasks."""

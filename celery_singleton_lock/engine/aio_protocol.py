@@ -31,7 +31,6 @@ from celery_singleton_lock.engine.protocol import (
     read_commands,
 )
 from celery_singleton_lock.engine.scripted import ScriptCall, ScriptCalls
-from celery_singleton_lock.engine.stack import Stack
 from celery_singleton_lock.engine.wire import backend_error, time_reply
 from celery_singleton_lock.exceptions import LockBackendError
 
@@ -89,21 +88,10 @@ class AsyncScriptedProtocol(LockKeys):
     ``bound`` seconds (None: by the client's socket timeout)."""
 
     def __init__(
-        self,
-        client: redis.asyncio.Redis,
-        name: str,
-        signal_key: str,
-        info: str,
-        *,
-        limit: int = 1,
-        group: str = "",
-        fair_ms: int = 0,
-        stack: Stack | None = None,
-        bound: float | None = None,
+        self, client: redis.asyncio.Redis, *args: Any, bound: float | None = None, **kwargs: Any
     ) -> None:
-        super().__init__(
-            name, signal_key, info, limit=limit, group=group, fair_ms=fair_ms, stack=stack
-        )
+        """``client``, then the arguments of :class:`.protocol.LockKeys`."""
+        super().__init__(*args, **kwargs)
         self.client = client
         self.bound = bound
         self.calls = ScriptCalls(self)

@@ -167,8 +167,10 @@ class LockCore(HoldView, Generic[Client]):
         caller of a fixed-token owner may take its turn."""
         with self._mutex:
             hold.ended = True
-            for me in [me for me, held in self._holds.items() if held is hold]:
-                del self._holds[me]
+            for me, held in self._holds.items():
+                if held is hold:  # a hold is recorded under one caller
+                    del self._holds[me]
+                    break
         self._stop_renewal(hold)
         if not keep_turn:
             self._end_turn(hold)

@@ -11,10 +11,11 @@ returned, or throws into the flow what it raised. Nothing here does I/O.
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Generator
+import asyncio
+from collections.abc import Callable, Coroutine, Generator
 from typing import Any, NamedTuple, Protocol, TypeVar, cast
 
-__all__ = ["Flow", "Op", "Runs", "Shield", "arun", "run"]
+__all__ = ["Flow", "Op", "Runs", "Shield", "arun", "run", "to_the_end"]
 
 _T = TypeVar("_T")
 
@@ -30,7 +31,7 @@ class Op(NamedTuple):
 
 class Shield(NamedTuple):
     """A clean-up flow that must run to its end: the asyncio runner awaits it through any
-    number of cancellations, then raises the cancellation (see ``aio._to_the_end``)."""
+    number of cancellations, then raises the cancellation (``to_the_end``)."""
 
     flow: Generator[Any, Any, Any]
 
@@ -40,13 +41,14 @@ Flow = Generator[Op | Shield, Any, _T]
 
 
 class Runs(Protocol):
-    """What a runner needs from a lock: how it makes one call (or runs one clean-up)."""
+    """What a runner needs from a lock: its protocol (whose methods most calls are)."""
 
-    def _do(self, op: Op | Shield) -> Any: ...
+    protocol: Any
 
 
 def run(lock: Runs, flow: Flow[_T]) -> _T:
-    """Run ``flow`` to its end, making each call it asks for with ``lock._do``."""
+    """Run ``flow`` to its end, making each call it asks for (blocking); a clean-up runs
+    like any flow."""
     step: Callable[[Any], Op | Shield] = flow.send
     reply: Any = None
     while True:
@@ -55,13 +57,19 @@ def run(lock: Runs, flow: Flow[_T]) -> _T:
         except StopIteration as stop:
             return cast("_T", stop.value)
         try:
-            reply, step = lock._do(op), flow.send
+            if isinstance(op, Shield):
+                reply = run(lock, op.flow)
+            else:
+                method, args, on_lock = op
+                reply = getattr(lock if on_lock else lock.protocol, method)(*args)
+            step = flow.send
         except BaseException as exc:  # noqa: BLE001 - the flow decides what it handles
             reply, step = exc, flow.throw
 
 
-async def arun(lock: Any, flow: Flow[_T]) -> _T:
-    """``run`` for asyncio: each call is awaited (``await lock._do(op)``)."""
+async def arun(lock: Runs, flow: Flow[_T]) -> _T:
+    """``run`` for asyncio: each call is awaited; a clean-up runs to its end however often
+    the calling task is cancelled meanwhile (``to_the_end``)."""
     step: Callable[[Any], Op | Shield] = flow.send
     reply: Any = None
     while True:
@@ -70,7 +78,33 @@ async def arun(lock: Any, flow: Flow[_T]) -> _T:
         except StopIteration as stop:
             return cast("_T", stop.value)
         try:
-            made: Awaitable[Any] = lock._do(op)
-            reply, step = await made, flow.send
+            if isinstance(op, Shield):
+                reply = await to_the_end(arun(lock, op.flow))
+            else:
+                method, args, on_lock = op
+                reply = await getattr(lock if on_lock else lock.protocol, method)(*args)
+            step = flow.send
         except BaseException as exc:  # noqa: BLE001 - the flow decides what it handles
             reply, step = exc, flow.throw
+
+
+async def to_the_end(cleanup: Coroutine[Any, Any, _T]) -> _T:
+    """Run ``cleanup`` to its end, however often the calling task is cancelled meanwhile
+    (anyio and Starlette cancel scopes cancel again and again, nested timeouts each once),
+    then raise the cancellation if there was one. A bare ``asyncio.shield`` gives up at
+    the second cancellation, leaving the clean-up to finish in the background, or never,
+    when the event loop ends first: a grant it was giving back would stay held by nobody
+    for the whole lease."""
+    task = asyncio.ensure_future(cleanup)
+    cancelled: asyncio.CancelledError | None = None
+    while True:
+        try:
+            result = await asyncio.shield(task)
+        except asyncio.CancelledError as exc:
+            if task.done():  # the clean-up itself was cancelled (the loop is closing)
+                raise
+            cancelled = exc
+            continue
+        if cancelled is not None:
+            raise cancelled
+        return result

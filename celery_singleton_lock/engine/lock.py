@@ -31,7 +31,7 @@ import weakref
 from types import TracebackType
 from typing import Any, ClassVar
 
-from celery_singleton_lock.engine.flow import Op, Shield, run
+from celery_singleton_lock.engine.flow import run
 from celery_singleton_lock.engine.holds import Hold
 from celery_singleton_lock.engine.plain import PlainProtocol
 from celery_singleton_lock.engine.protocol import Protocol
@@ -143,12 +143,6 @@ class RedisLock(LockSteps[LockClient], Renewing):
 
     def _holder_alive(self, hold: Hold) -> bool:
         return hold.thread.is_alive()
-
-    def _do(self, op: Op | Shield) -> Any:
-        """Make one call a flow asks for, blocking (a clean-up runs like any flow)."""
-        if isinstance(op, Shield):
-            return run(self, op.flow)
-        return getattr(self if op.on_lock else self.protocol, op.method)(*op.args)
 
     def _reserve(self, blocking: bool, deadline: float | None) -> bool:
         """The local turn of a fixed-token owner's threads."""

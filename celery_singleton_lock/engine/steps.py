@@ -28,8 +28,8 @@ lock_log = logging.getLogger("celery_singleton_lock.engine.lock")
 
 
 class LockSteps(LockCore[Client]):
-    """The steps of a lock, as flows. An engine provides ``_do`` (make one call a flow
-    asks for), ``_reserve`` and ``_sleep`` (the two waits that are not Redis calls) and
+    """The steps of a lock, as flows. An engine runs them (``flow.run`` or ``flow.arun``)
+    and provides ``_reserve`` and ``_sleep`` (the two waits that are not Redis calls) and
     ``_start_renewal``."""
 
     #: Whether an interrupt can cut off a reply that granted the lock (asyncio
