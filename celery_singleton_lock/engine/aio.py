@@ -85,17 +85,20 @@ class AsyncRedisLock(LockSteps[redis.asyncio.Redis]):
     ``auto_renew``, ``fallback_poll``, ``token``, ``claim``, ``holder_info``, ``limit``,
     ``group``, ``replicas``, ``replicas_timeout``, ``fair_after`` and ``stack``): the steps
     of acquire, wait, release, extend and renewal are the sync engine's own
-    (:class:`~.steps.LockSteps`), awaited here. A hold
-    belongs to the asyncio task that acquired it: ``release()``, ``extend()``,
+    (:class:`~.steps.LockSteps`), awaited here; a Redis Cluster client is not taken.
+
+    A hold belongs to the asyncio task that acquired it: ``release()``, ``extend()``,
     ``owned()``, ``fencing_token`` and ``lease_lost`` act on the calling task's hold, or,
     from a task that holds none, on the one hold this instance has (a lock taken in one
     task and released in another) — except in a task whose acquire failed against that
-    very hold while its task still runs.
+    very hold while its task still runs. A cancelled ``acquire()`` leaves the waiters'
+    queue and gives back a lock handed to it meanwhile, to the end however often it is
+    cancelled, before the cancellation reaches its caller.
 
     ``scripting=False`` raises ``ValueError``: the plain-command protocol is a WATCH /
     MULTI conversation whose decisions sit between its round trips, and it exists only in
     the sync engine (use ``RedisLock(..., scripting=False)`` in a thread where EVAL is
-    disabled); that is all it does not do.
+    disabled). That, and a cluster client, is all it does not do.
     """
 
     _kind = "AsyncRedisLock"
