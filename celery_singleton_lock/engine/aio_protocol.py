@@ -14,7 +14,7 @@ from __future__ import annotations
 import asyncio
 import sys
 from collections.abc import Awaitable
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 import redis
 import redis.asyncio
@@ -28,6 +28,7 @@ from celery_singleton_lock.engine.protocol import (
     cancelled,
     granted_to,
     popped_grant,
+    read_commands,
 )
 from celery_singleton_lock.engine.scripted import ScriptCall, ScriptCalls
 from celery_singleton_lock.engine.wire import backend_error, time_reply
@@ -87,18 +88,10 @@ class AsyncScriptedProtocol(LockKeys):
     ``bound`` seconds (None: by the client's socket timeout)."""
 
     def __init__(
-        self,
-        client: redis.asyncio.Redis,
-        name: str,
-        signal_key: str,
-        info: str,
-        *,
-        limit: int = 1,
-        group: str = "",
-        fair_ms: int = 0,
-        bound: float | None = None,
+        self, client: redis.asyncio.Redis, *args: Any, bound: float | None = None, **kwargs: Any
     ) -> None:
-        super().__init__(name, signal_key, info, limit=limit, group=group, fair_ms=fair_ms)
+        """``client``, then the arguments of :class:`.protocol.LockKeys`."""
+        super().__init__(*args, **kwargs)
         self.client = client
         self.bound = bound
         self.calls = ScriptCalls(self)
@@ -131,14 +124,12 @@ class AsyncScriptedProtocol(LockKeys):
         """Owner-checked new lease end (see ``Protocol.extend``)."""
         return int(await self._run(self.calls.extend(token, lease_ms, key)))
 
-    async def wait(self, token: str, seconds: float) -> Grant | None:
+    async def wait(self, token: str, seconds: float, limit: str | None = None) -> Grant | None:
         """Block up to ``seconds`` until a release wakes this waiter (see
         ``Protocol.wait``)."""
-        grant = self.grant_key(token)
-        reply = await self.call(
-            self._redis.blpop([grant, self.signal_key], timeout=seconds), blocks=seconds
-        )
-        return popped_grant(reply, grant)
+        keys = self.wake_keys(token, limit)
+        reply = await self.call(self._redis.blpop(keys, timeout=seconds), blocks=seconds)
+        return popped_grant(reply, keys[0])
 
     async def cancel(self, token: str) -> Grant | None:
         """A waiter stops waiting (see ``Protocol.cancel``)."""
@@ -153,3 +144,38 @@ class AsyncScriptedProtocol(LockKeys):
     async def server_time(self) -> tuple[int, int]:
         """The server's clock as (milliseconds, microseconds)."""
         return time_reply(await self.call(self._redis.time()))
+
+    # -- reads (and the replicas' WAIT) that the lock's flows ask for (``core``) -----------
+
+    async def inspect(self, key: str) -> tuple[int, Any, Any]:
+        """Server time (ms), the raw value of ``key`` and its PTTL, in one round trip."""
+        pipe = self._redis.pipeline(transaction=False)
+        pipe.time()
+        now, raw, ttl = await self.call(read_commands(pipe, [key]).execute())
+        return time_reply(now)[0], raw, ttl
+
+    async def slot_index(self, now_ms: int) -> Any:
+        """The slots the slot index says are held after server time ``now_ms``."""
+        return await self.call(self._redis.zrangebyscore(self.slots_key, f"({now_ms}", "+inf"))
+
+    async def read_slots(self, keys: list[str]) -> list[Any]:
+        """The raw value and PTTL of each of ``keys``, flat."""
+        pipe = read_commands(self._redis.pipeline(transaction=False), keys)
+        return cast("list[Any]", await self.call(pipe.execute()))
+
+    async def owner_slot(self, token: str) -> Any:
+        """The slot number the slot index's owners give ``token`` (raw), or None."""
+        return await self.call(self._redis.hget(self.owners_key, token))
+
+    async def get(self, key: str) -> Any:
+        """The raw value of ``key``."""
+        return await self.call(self._redis.get(key))
+
+    async def replicate(self, replicas: int, timeout_ms: int) -> int:
+        """How many replicas acknowledged every write so far: a marker written, then
+        ``WAIT``, on one connection (see ``wire.wait_for_replicas``)."""
+        pipe = self._redis.pipeline(transaction=False)
+        pipe.set(self.sync_key, b"1", px=timeout_ms + 1000)
+        pipe.execute_command("WAIT", replicas, timeout_ms)
+        _, acked = await self.call(pipe.execute(), blocks=timeout_ms / 1000)
+        return int(acked)

@@ -16,10 +16,26 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from typing import Any, NamedTuple, cast
 
+from redis.cluster import RedisCluster
+
 from celery_singleton_lock.engine.constants import GRACE_BASE_MS, GRACE_FRACTION, SIGNAL_TTL_MS
-from celery_singleton_lock.engine.keyspace import GRANT, QUEUE, WAITER, companion_key
+from celery_singleton_lock.engine.keyspace import (
+    GRANT,
+    OWNERS,
+    QUEUE,
+    SLOTS,
+    SYNC,
+    WAITER,
+    companion_key,
+)
 from celery_singleton_lock.engine.stack import Stack, is_stacked
-from celery_singleton_lock.engine.wire import LockClient, call, server_time
+from celery_singleton_lock.engine.wire import (
+    LockClient,
+    call,
+    server_time,
+    time_reply,
+    wait_for_replicas,
+)
 
 __all__ = [
     "GRACE_BASE_MS",
@@ -35,6 +51,7 @@ __all__ = [
     "granted_to",
     "parse_grant",
     "popped_grant",
+    "read_commands",
 ]
 
 
@@ -119,6 +136,14 @@ def granted_to(handed: Grant, raw: bytes | str | None, token: str) -> Grant | No
     return handed
 
 
+def read_commands(pipe: Any, keys: list[str]) -> Any:
+    """Queue on ``pipe`` (sync or asyncio) a GET and a PTTL of each of ``keys``."""
+    for key in keys:
+        pipe.get(key)
+        pipe.pttl(key)
+    return pipe
+
+
 class LockKeys:
     """The keys and constant arguments of one lock's protocol, with no client: ``name`` is
     the lock key, ``signal_key`` the waiters' wake-up list in the same hash slot, ``info``
@@ -154,6 +179,10 @@ class LockKeys:
         self.queue_key = companion_key(name, QUEUE)
         self.waiter_prefix = companion_key(name, WAITER)
         self.grant_prefix = companion_key(name, GRANT)
+        # The slot index and its owners, and the marker a replicas' WAIT writes.
+        self.slots_key = companion_key(name, SLOTS)
+        self.owners_key = companion_key(name, OWNERS)
+        self.sync_key = companion_key(name, SYNC)
 
     def waiter_key(self, token: str) -> str:
         """Where queued waiter ``token`` says it is still waiting (while the key lives)."""
@@ -237,3 +266,42 @@ class Protocol(LockKeys, ABC):
     def server_time(self) -> tuple[int, int]:
         """The clock of the server that holds the key, as (milliseconds, microseconds)."""
         return call(self.name, server_time, self.client, self.name)
+
+    # -- reads (and the replicas' WAIT) that the lock's flows ask for (``core``) -----------
+
+    def inspect(self, key: str) -> tuple[int, Any, Any]:
+        """Server time (ms), the raw value of ``key`` and its PTTL (one round trip off a
+        cluster, whose pipelines refuse keyless commands: the key's node clock first)."""
+        if isinstance(self.client, RedisCluster):
+            now_ms = self.server_time()[0]
+            pipe = cast("Any", self.client).pipeline(transaction=False)  # untyped
+            raw, ttl = call(self.name, read_commands(pipe, [key]).execute)
+            return now_ms, raw, ttl
+        pipe = self.client.pipeline(transaction=False)
+        pipe.time()
+        reply, raw, ttl = call(self.name, read_commands(pipe, [key]).execute)
+        return time_reply(reply)[0], raw, ttl
+
+    def slot_index(self, now_ms: int) -> Any:
+        """The slots the slot index says are held after server time ``now_ms``."""
+        return call(self.name, self.client.zrangebyscore, self.slots_key, f"({now_ms}", "+inf")
+
+    def read_slots(self, keys: list[str]) -> list[Any]:
+        """The raw value and PTTL of each of ``keys``, flat."""
+        pipe = cast("Any", self.client).pipeline(transaction=False)  # untyped on a cluster
+        return cast("list[Any]", call(self.name, read_commands(pipe, keys).execute))
+
+    def owner_slot(self, token: str) -> Any:
+        """The slot number the slot index's owners give ``token`` (raw), or None."""
+        return call(self.name, self.client.hget, self.owners_key, token)
+
+    def get(self, key: str) -> Any:
+        """The raw value of ``key``."""
+        return call(self.name, self.client.get, key)
+
+    def replicate(self, replicas: int, timeout_ms: int) -> int:
+        """How many replicas acknowledged every write so far (``wire.wait_for_replicas``)."""
+        marker = self.sync_key
+        return call(
+            self.name, wait_for_replicas, self.client, self.name, marker, replicas, timeout_ms
+        )

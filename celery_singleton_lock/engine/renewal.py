@@ -14,8 +14,8 @@ being renewed and expires), end their thread after a while without work, and are
 in a forked child.
 
 :class:`Renewing` is the renewal half of ``RedisLock`` (a mixin it inherits): which lane
-serves a lock, one renewal, a batch of due renewals in one round trip, and what a renewal's
-reply means for its hold.
+serves a lock and a batch of due renewals in one round trip. One renewal, and what its
+reply means for the hold, are the steps both engines share (:class:`.steps.LockSteps`).
 """
 
 from __future__ import annotations
@@ -43,8 +43,6 @@ if TYPE_CHECKING:
 __all__ = ["RENEW_DIVISOR", "Renewable", "Renewing", "renewer"]
 
 log = logging.getLogger("celery_singleton_lock.renewer")
-#: What a lock says about its own renewals (the lock's logger, as before the split).
-lock_log = logging.getLogger("celery_singleton_lock.engine.lock")
 
 #: A lane's thread ends after this many seconds with nothing to renew.
 IDLE_SECONDS = 30.0
@@ -200,9 +198,9 @@ os.register_at_fork(after_in_child=_reset_renewer_in_child)
 
 
 class Renewing:
-    """The renewal half of ``RedisLock``, which inherits it: the lane a lock is renewed in,
-    one renewal of a hold, a batch of due renewals, and what a renewal's reply means. The
-    attributes declared here are set by ``RedisLock``."""
+    """The renewal half of ``RedisLock``, which inherits it: the lane a lock is renewed in
+    and a batch of due renewals (one renewal and the judgement of its reply are
+    :class:`.steps.LockSteps`'). The attributes declared here are set by ``RedisLock``."""
 
     client: LockClient
     name: str
@@ -214,12 +212,14 @@ class Renewing:
 
     if TYPE_CHECKING:
 
-        def _replicate(self) -> None:
-            """Wait for the replicas (``RedisLock``); LockBackendError when too few ack."""
+        def _renew(self, hold: Hold) -> float | None:
+            """Extend ``hold``'s lease; the delay until its next renewal, or None to stop
+            (``steps.LockSteps._renewal``, run by ``RedisLock``)."""
 
-    def _renewed(self) -> None:
-        """Called after every confirmed extension of the lease, by ``extend()`` or by the
-        renewer (in its thread); a hook for subclasses that observe renewals."""
+        def _renewal_reply(
+            self, hold: Hold, started: float, reply: int | BaseException
+        ) -> float | None:
+            """What a renewal's reply means for ``hold`` (``steps.LockSteps``)."""
 
     def _start_renewal(self, hold: Hold) -> None:
         """Renew ``hold`` a third of a lease from now, and on, until it ends."""
@@ -234,19 +234,6 @@ class Renewing:
             node = cast("Any", self.client).get_node_from_key(self.name)  # untyped
             return (self.client, node.name)
         return cast("Hashable", getattr(self.client, "connection_pool", self.client))
-
-    def _renew(self, hold: Hold) -> float | None:
-        """Extend ``hold``'s lease; the delay until its next renewal, or None to stop."""
-        if hold.ended or not self.auto_renew:
-            return None
-        started = time.monotonic()
-        try:
-            expiry = self.protocol.extend(hold.token, self._lease_ms, hold.key)
-            if expiry and self.replicas:
-                self._replicate()
-        except Exception as exc:  # noqa: BLE001 - a LockError, or a client closed under us
-            return self._renewal_reply(hold, started, exc)
-        return self._renewal_reply(hold, started, expiry)
 
     @classmethod
     def _renew_all(cls, due: list[tuple[Renewing, Hold]]) -> list[float | None]:
@@ -281,26 +268,3 @@ class Renewing:
                 lock, hold = due[index]
                 delays[index] = lock._renewal_reply(hold, started, reply)
         return delays
-
-    def _renewal_reply(
-        self, hold: Hold, started: float, reply: int | BaseException
-    ) -> float | None:
-        """Record what a renewal sent at ``started`` brought (the new expiry, 0 when the
-        hold is no longer ours, or an error); the delay until the next one, or None."""
-        if hold.ended:
-            return None  # a reply about a hold that ended meanwhile: nothing to record
-        if isinstance(reply, BaseException):
-            left = hold.expires_at - time.monotonic()
-            if left <= 0:
-                hold.lost = True
-                lock_log.error("lock %r: lease lost, Redis unreachable: %s", self.name, reply)
-                return None
-            lock_log.warning("lock %r: renewal failed, retrying: %s", self.name, reply)
-            return min(max(left / 4, MIN_RENEW_RETRY), self.timeout / RENEW_DIVISOR)
-        if not reply:
-            hold.lost = True
-            lock_log.error("lock %r: lease lost (another holder took it or it expired)", self.name)
-            return None
-        hold.expires_at = started + self._lease_ms / 1000
-        self._renewed()
-        return self.timeout / RENEW_DIVISOR

@@ -10,8 +10,7 @@ import redis
 
 from celery_singleton_lock.engine.protocol import Attempt, LockKeys, Protocol
 from celery_singleton_lock.engine.scripts import SCRIPTS, Script
-from celery_singleton_lock.engine.stack import Stack
-from celery_singleton_lock.engine.wire import LockClient, backend_error, call
+from celery_singleton_lock.engine.wire import backend_error, call
 from celery_singleton_lock.exceptions import LockBackendError
 
 __all__ = ["ScriptCall", "ScriptCalls", "ScriptedProtocol", "extend_all"]
@@ -123,21 +122,9 @@ class ScriptCalls:
 class ScriptedProtocol(Protocol):
     """Acquire, release and extend as one atomic script each (one round trip)."""
 
-    def __init__(
-        self,
-        client: LockClient,
-        name: str,
-        signal_key: str,
-        info: str,
-        *,
-        limit: int = 1,
-        group: str = "",
-        fair_ms: int = 0,
-        stack: Stack | None = None,
-    ) -> None:
-        super().__init__(
-            client, name, signal_key, info, limit=limit, group=group, fair_ms=fair_ms, stack=stack
-        )
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        """The arguments of :class:`.protocol.Protocol`."""
+        super().__init__(*args, **kwargs)
         self.calls = ScriptCalls(self)
 
     def _run(self, sent: ScriptCall) -> Any:

@@ -13,6 +13,7 @@ import itertools
 import math
 import multiprocessing
 import os
+import random
 import signal
 import threading
 import time
@@ -1045,3 +1046,50 @@ def test_holder_info_is_stored_with_the_lock(
         await lock.release()
 
     run(redis_server.url, scenario)
+
+
+def test_a_waiter_cancelled_twice_as_the_lock_is_handed_to_it_leaves_it_free(
+    redis_server: RedisServer, client: redis.Redis, key: str
+) -> None:
+    """A waiter whose task is cancelled, then cancelled again 0-2 ms later (as anyio and
+    Starlette cancel scopes and nested timeouts do), just after the holder's release
+    handed it the lock: in every one of 200 rounds, once the waiter's task is over, either
+    its acquire finished (and it releases), or the clean-up that gives back the grant the
+    caller never saw has run to its end through the second cancellation. Each round is
+    its own event loop, which ends as soon as the waiter's task is over (as a server
+    shutting down does), so a clean-up left running in the background would be cut off
+    there and the key would stay held by nobody for its 300 s lease: after each round
+    the key is gone, or a non-blocking acquire gets it."""
+    rng = random.Random(31)
+    outcomes: list[str] = []
+
+    async def round_(aclient: redis.asyncio.Redis) -> None:
+        holder = AsyncRedisLock(aclient, key, timeout=300)
+        waiter = AsyncRedisLock(aclient, key, timeout=300, fallback_poll=30.0)
+        assert await holder.acquire(blocking=False)
+        waiting = asyncio.create_task(waiter.acquire(timeout=120))
+        queue = holder.protocol.queue_key
+        assert await eventually(lambda: client.zcard(queue) == 1, 30)  # queued, blocked
+        await holder.release()  # hands the lock to the waiter
+        waiting.cancel()
+        await asyncio.sleep(rng.uniform(0, 0.002))
+        waiting.cancel()
+        try:
+            got = await waiting
+        except asyncio.CancelledError:
+            got = False
+        if got:
+            await waiter.release()
+        outcomes.append("acquired" if got else "cancelled")
+
+    for index in range(200):
+        run(redis_server.url, round_)
+        fresh = RedisLock(client, key, timeout=300)
+        assert not client.exists(key) or fresh.acquire(blocking=False), (
+            index,
+            outcomes[-1],
+            fresh.holder(),
+        )
+        if fresh.fencing_token is not None:
+            fresh.release()
+    assert "cancelled" in outcomes
