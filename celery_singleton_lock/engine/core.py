@@ -151,6 +151,12 @@ class LockCore(HoldView, Generic[Client]):
     def _hold(self) -> Hold | None:
         """The caller's hold; else the only hold of this instance in this process, unless
         the caller contended with that very hold (``rules.hold_for``)."""
+        if self._pid == os.getpid():  # the common case: the caller's own hold, read as is
+            me = self._me()
+            if me is not None:
+                mine = self._holds.get(me)
+                if mine is not None:
+                    return mine
         with self._mutex:
             if self._pid != os.getpid():
                 self._start_process()

@@ -26,7 +26,7 @@ from celery_singleton_lock.engine.keyspace import (
     SLOTS,
     SYNC,
     WAITER,
-    companion_key,
+    base_key,
 )
 from celery_singleton_lock.engine.stack import Stack, is_stacked
 from celery_singleton_lock.engine.wire import (
@@ -176,13 +176,14 @@ class LockKeys:
         #: lock, whether or not this instance knows its stack).
         self.stacked = stack is not None or is_stacked(name)
         # The waiters' queue (see ``scripts``), in the lock's hash slot.
-        self.queue_key = companion_key(name, QUEUE)
-        self.waiter_prefix = companion_key(name, WAITER)
-        self.grant_prefix = companion_key(name, GRANT)
+        base = base_key(name)  # every companion below is base + its suffix
+        self.queue_key = base + QUEUE
+        self.waiter_prefix = base + WAITER
+        self.grant_prefix = base + GRANT
         # The slot index and its owners, and the marker a replicas' WAIT writes.
-        self.slots_key = companion_key(name, SLOTS)
-        self.owners_key = companion_key(name, OWNERS)
-        self.sync_key = companion_key(name, SYNC)
+        self.slots_key = base + SLOTS
+        self.owners_key = base + OWNERS
+        self.sync_key = base + SYNC
 
     def waiter_key(self, token: str) -> str:
         """Where queued waiter ``token`` says it is still waiting (while the key lives)."""

@@ -68,9 +68,18 @@ AT_MOST = f"at most {MAX_DURATION} (365 days)"
 # -- arguments ------------------------------------------------------------------------------
 
 
+#: Valid leases already converted (seconds -> ms): a lock is built per task run.
+_LEASES: dict[object, int] = {}
+
+
 def lease_ms(value: object, what: str) -> int:
     """Validate a lease in seconds (positive, finite, at most ``MAX_DURATION``: beyond it the
     expiry a lock value stores would leave the value grammar) and return it in milliseconds."""
+    kind = type(value)
+    if kind is float or kind is int:
+        known = _LEASES.get(value)
+        if known is not None:
+            return known
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise ValueError(f"{what} must be a positive number of seconds, got {value!r}")
     try:
@@ -79,7 +88,10 @@ def lease_ms(value: object, what: str) -> int:
         seconds = math.inf
     if not math.isfinite(seconds) or seconds <= 0 or seconds > MAX_DURATION:
         raise ValueError(f"{what} must be a positive number of seconds, {AT_MOST}, got {value!r}")
-    return max(1, round(seconds * 1000))
+    ms = max(1, round(seconds * 1000))
+    if (kind is float or kind is int) and len(_LEASES) < 1024:
+        _LEASES[value] = ms
+    return ms
 
 
 def check_lock(
