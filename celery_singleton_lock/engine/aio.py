@@ -83,7 +83,8 @@ class AsyncRedisLock(LockSteps[redis.asyncio.Redis]):
 
     Every other argument means what it means for ``RedisLock`` (``timeout``, the lease;
     ``auto_renew``, ``fallback_poll``, ``token``, ``claim``, ``holder_info``, ``limit``,
-    ``group``, ``replicas``, ``replicas_timeout``, ``fair_after`` and ``stack``): the steps
+    ``group``, ``replicas``, ``replicas_timeout``, ``fair_after``, ``stack`` and
+    ``unless_finished``): the steps
     of acquire, wait, release, extend and renewal are the sync engine's own
     (:class:`~.steps.LockSteps`), awaited here; a Redis Cluster client is not taken.
 

@@ -55,6 +55,7 @@ class LockCore(HoldView, Generic[Client]):
         replicas_timeout: float = 0.5,
         fair_after: float | None = None,
         stack: Stack | None = None,
+        unless_finished: str | None = None,
     ) -> None:
         self._check_engine(client, scripting)
         self._fair_ms = rules.fair_ms(fair_after, scripting=scripting)
@@ -92,6 +93,15 @@ class LockCore(HoldView, Generic[Client]):
         #: The stacked limit that held back this instance's last failed try (its key was
         #: free), None when the key itself was held or there is no stack.
         self.held_back_by: str | None = None
+        #: ``unless_finished``: a task id whose finished run (a record in the key's done set,
+        #: written by a release with ``record=``) makes an acquire take nothing, checked in
+        #: the acquire's own step (scripting only: ``checks_finished`` says whether it is).
+        self.checks_finished = bool(unless_finished) and scripting
+        if unless_finished is not None and not isinstance(unless_finished, str):
+            raise ValueError(f"unless_finished must be a task id (str), got {unless_finished!r}")
+        self._unless_finished = (unless_finished or "") if scripting else ""
+        #: The last acquire found that run finished (and took nothing).
+        self.found_finished = False
         self.signal_key = companion_key(name, SIGNAL)
         self._fixed_token = token
         self._given_info = holder_info
@@ -123,6 +133,7 @@ class LockCore(HoldView, Generic[Client]):
             group=self.group,
             fair_ms=self._fair_ms,
             stack=self.stack,
+            unless_finished=self._unless_finished,
         )
 
     def _wire(self, *args: Any, **kwargs: Any) -> Any:

@@ -115,6 +115,11 @@ class RedisLock(LockSteps[LockClient], Renewing):
     like one that finds the key held (``held_back_by`` names the limit), and a waiter is
     woken when a share of that limit is given back. ``name`` must carry the stack's hash
     tag. Scripted mode only.
+
+    ``unless_finished`` (a task id) makes each try first look for that task id in the key's
+    record of finished runs (what a ``release(record=...)`` writes): when it is there the try
+    takes nothing and ``found_finished`` is set, in the same step as the try itself. With
+    ``scripting=False`` nothing is checked (``checks_finished`` is False).
     """
 
     #: The protocol for each value of ``scripting``; tests substitute instrumented ones.

@@ -86,6 +86,8 @@ class Attempt(NamedTuple):
     key: str | None = None
     #: The stacked limit that held it back (its key was free), None otherwise.
     limit: str | None = None
+    #: Not taken: the key's record says the run of the ``unless_finished`` task id finished.
+    finished: bool = False
 
 
 def popped_grant(reply: Any, grant_key: str) -> Grant | None:
@@ -161,10 +163,14 @@ class LockKeys:
         group: str = "",
         fair_ms: int = 0,
         stack: Stack | None = None,
+        unless_finished: str = "",
     ) -> None:
         self.name = name
         self.signal_key = signal_key
         self.info = info
+        #: A task id: an acquire finds the key's record that its run finished instead of
+        #: taking the lock ('' no such check).
+        self.unless_finished = unless_finished
         #: How many holders at once (slots); ``group``: a token prefix that may hold one.
         self.limit = limit
         self.group = group
@@ -216,9 +222,17 @@ class Protocol(LockKeys, ABC):
         group: str = "",
         fair_ms: int = 0,
         stack: Stack | None = None,
+        unless_finished: str = "",
     ) -> None:
         super().__init__(
-            name, signal_key, info, limit=limit, group=group, fair_ms=fair_ms, stack=stack
+            name,
+            signal_key,
+            info,
+            limit=limit,
+            group=group,
+            fair_ms=fair_ms,
+            stack=stack,
+            unless_finished=unless_finished,
         )
         self.client = client
 

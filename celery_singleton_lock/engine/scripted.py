@@ -46,6 +46,7 @@ class ScriptCalls:
         self._fair_ms = keys.fair_ms
         self._stack_b = keys.stack.spec().encode() if keys.stack is not None else None
         self._stacked = keys.stacked
+        self._finished_b = keys.unless_finished.encode()
 
     def acquire(
         self, token: str, lease_ms: int, mode: bytes, claim: str = "", poll_ms: int = 1000
@@ -54,7 +55,9 @@ class ScriptCalls:
         args: tuple[bytes | int | str, ...] = (token, lease_ms, self._info_b, mode, poll_ms)
         if self.limit > 1:
             args += (self._limit_b, self._group_b)
-        if self._stack_b is not None:
+        if self._finished_b:
+            args += (claim, self._stack_b or b"", self._finished_b)
+        elif self._stack_b is not None:
             args += (claim, self._stack_b)
         elif claim:
             args += (claim,)
@@ -65,6 +68,8 @@ class ScriptCalls:
         """ACQUIRE's reply: acquired with the fencing token (and the slot taken, with
         several), or held, with the milliseconds until the holder's lease ends."""
         if int(result[0]) != 1:
+            if int(result[0]) == 2:  # the unless_finished task id's run finished
+                return Attempt(False, 0, finished=True)
             if len(result) > 2:  # held back by a stacked limit
                 limit = result[2]
                 return Attempt(

@@ -91,6 +91,7 @@ class LockSteps(LockCore[Client]):
         cap = self._poll_cap()
         poll_ms = max(1, round(cap * 1000))
         queued = False
+        self.found_finished = False
         while True:
             started = time.monotonic()
             mode = rules.acquire_mode(queued, blocking)
@@ -106,6 +107,9 @@ class LockSteps(LockCore[Client]):
                     yield Shield(self._stop_waiting(token))
                 raise
             self.held_back_by = attempt.limit
+            if attempt.finished:
+                self.found_finished = True
+                return None
             if attempt.acquired:
                 return self._granted(token, Grant(attempt.number, attempt.key), started)
             step = rules.next_step(

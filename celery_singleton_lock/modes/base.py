@@ -304,6 +304,9 @@ class Scope(Mode):
 
     #: Whether a publish takes the lock (and a duplicate call publishes nothing).
     at_publish: ClassVar[bool] = False
+    #: Whether a delivery's try of the lock first checks, in the same step, that the run
+    #: of its task id has not finished already (a late copy of its message).
+    drops_finished: ClassVar[bool] = False
 
     def carried_key(self, run_key: str | None) -> str | None:
         """The key a run locks when its message carries one (``run_key``), else None."""
@@ -316,6 +319,11 @@ class Scope(Mode):
     def hand_back(self, run: Run) -> None:
         """A run gives its key back before starting, to come again later."""
         run.give_back()
+
+    def finished_copy(self, run: Run) -> Any:
+        """The run's try of the lock found that its task id's run finished already
+        (``drops_finished``) and took nothing: end this delivery (or raise)."""
+        raise NotImplementedError
 
 
 class ConflictPolicy(Mode):

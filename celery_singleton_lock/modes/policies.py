@@ -279,6 +279,8 @@ class Wait(ConflictPolicy):
     def acquire(self, run: Run) -> bool:
         if run.lock.acquire(blocking=False):
             return True
+        if run.lock.found_finished:
+            return False  # a late copy of a finished run: nothing to wait for
         _log_wait(run)
         observe.conflict(
             run.task,

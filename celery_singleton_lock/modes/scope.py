@@ -13,7 +13,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import time
-from typing import TYPE_CHECKING, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn
 
 from celery import states
 from celery.exceptions import Ignore
@@ -134,6 +134,7 @@ class QueueScope(Scope):
 
     name = "queue"
     at_publish = True
+    drops_finished = True
 
     def claim(self, task_id: str, options: LockOptions) -> str | None:
         return queue_token(task_id, options.limit)
@@ -145,11 +146,15 @@ class QueueScope(Scope):
         """A copy of a message whose first delivery finished does not run, and completes
         nothing either (``Ignore``: the first delivery's result stays, and a chain or chord
         it belongs to does not go on a second time). Asked of every delivery, not only of
-        those the broker marks as redelivered: a message can be published twice."""
-        if finished(run.lock, run.task_id):
+        those the broker marks as redelivered: a message can be published twice. The try of
+        the lock asked already when it could (scripting): then nothing is left to ask."""
+        if not run.lock.checks_finished and finished(run.lock, run.task_id):
             run.lock.release()
             drop_late_copy(run, "an earlier delivery of it finished")
         return True
+
+    def finished_copy(self, run: Run) -> Any:
+        drop_late_copy(run, "an earlier delivery of it finished")
 
     def retried(self, ending: Release) -> bool:
         return ending.lock.fencing_token is None  # the retried message took the hold over

@@ -203,6 +203,7 @@ class TaskLocking:
             replicas=options.replicas,
             fair_after=options.fair_after,
             stack=None if queued else stack,
+            unless_finished=task_id if not queued and self.plan.scope.drops_finished else None,
         )
 
 

@@ -115,6 +115,9 @@ def before_body(run: Run) -> Callable[[], Any]:
         for mode in plan.deliver:
             mode.deliver(run)
         acquired = run.policy.acquire(run)
+        if not acquired and run.lock.found_finished:
+            copy = run.scope.finished_copy(run)  # a late copy of a finished run
+            return lambda: copy
         if not acquired and run.lock.held_back_by is not None:
             limited = on_limit(run)
             return lambda: limited

@@ -51,6 +51,13 @@ def data() -> redis.Redis:
     return _data[pid]
 
 
+#: Count a run in and raise the peak of runs inside at once, atomically.
+_ENTER = """
+local inside = redis.call('INCR', KEYS[1])
+if inside > tonumber(redis.call('GET', KEYS[2]) or '0') then redis.call('SET', KEYS[2], inside) end
+return inside
+"""
+
 #: How long a gated body waits for its gate at most (seconds).
 GATE_BOUND = 120.0
 
@@ -62,11 +69,9 @@ def record(name: str, seconds: float, value: int) -> int:
     :data:`GATE_BOUND`), so a run is still inside when the test acts, however slow the
     machine."""
     client = data()
-    inside = client.incr(f"inside:{name}")
+    # One step: two runs reading and raising the peak apart could leave the lower one.
+    client.eval(_ENTER, 2, f"inside:{name}", f"peak:{name}")
     client.rpush(f"runs:{name}", value)
-    peak = int(client.get(f"peak:{name}") or 0)
-    if inside > peak:
-        client.set(f"peak:{name}", inside)
     if seconds >= 0:
         time.sleep(seconds)
     else:

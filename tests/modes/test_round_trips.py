@@ -20,7 +20,7 @@ MODES: dict[str, tuple[dict[str, Any], int, int]] = {
     "run scope": ({}, 2, 4),
     "lock_rate_limit": ({"lock_rate_limit": "100/s"}, 3, 9),
     "lock_release='success'": ({"lock_release": "success", "lock_hold": 60}, 2, 7),
-    # queue scope: and one plain ZSCORE at delivery: did this task id finish already?
+    # queue scope: the run's script also asks (ZSCORE) whether this task id finished already
     "queue scope": ({"lock_scope": "queue"}, 3, 13),
     "queue scope, lock_release='start'": ({"lock_scope": "queue", "lock_release": "start"}, 3, 9),
     "lock_limit=3": ({"lock_limit": 3}, 2, 20),

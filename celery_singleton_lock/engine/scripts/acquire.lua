@@ -10,8 +10,10 @@
 --         (keeping its fencing token), as a delivery claims its queued message's lock
 --         ('' none)
 -- ARGV[7] (optional) stacked limits (lib/stack.lua): the lock is taken only together with
---         a share of each, in this step, or not at all
--- returns {1, fencing token, expiry ms} when acquired,
+--         a share of each, in this step, or not at all ('' none)
+-- ARGV[8] (optional) a task id: when the key's done set (lib/finished.lua) records that its
+--         run finished, nothing is taken (a late copy of a finished message)
+-- returns {1, fencing token, expiry ms} when acquired, {2} when ARGV[8]'s run finished,
 --         {0, ms until the holder's lease ends (>= 1)} when held by someone else,
 --         {0, ms until a share of it ends (>= 1), limit name} when the key is free (or
 --         ours) but the weight does not fit in that limit
@@ -30,6 +32,9 @@ local ttl = key_ttl(lease)
 local flag = ARGV[4] == '1' and '1' or '0'
 local claim = ARGV[6] ~= '' and ARGV[6] or nil
 local stack = stack_spec(ARGV[7])
+if ARGV[8] and ARGV[8] ~= '' and redis.call('ZSCORE', base(KEYS[1]) .. '${K_DONE}', ARGV[8]) then
+  return {2}
+end
 -- pcall: at maxmemory the SET NX is refused even when the key exists; a contender must
 -- still hear "held" then (a write we need below fails with the server's error)
 local set = not stack and redis.pcall('SET', KEYS[1],

@@ -6,8 +6,11 @@
 -- ARGV[5] the longest the caller blocks between tries (ms), ARGV[6] N, ARGV[7] a token
 -- prefix no two slots may share ('' none: a task's deliveries never hold two slots),
 -- ARGV[8] (optional) a claimed owner token ('' none), ARGV[9] (optional) stacked limits
--- (lib/stack.lua), taken with the slot in this step or not at all
--- returns {1, fencing token, expiry ms, slot key} when acquired,
+-- (lib/stack.lua), taken with the slot in this step or not at all, ARGV[10] (optional) a
+-- task id: when the key's done set (lib/finished.lua) records that its run finished,
+-- nothing is taken
+-- returns {1, fencing token, expiry ms, slot key} when acquired, {2} when ARGV[10]'s run
+--         finished,
 --         {0, ms until the first held slot's lease ends (>= 1)} when every slot is held,
 --         {0, ms until a share of it ends (>= 1), limit name} when a slot is free (or
 --         ours) but the weight does not fit in that limit
@@ -29,6 +32,9 @@ local now, fence = clock()
 local now_us = fence
 local token, claim, group = ARGV[1], ARGV[8] ~= '' and ARGV[8] or nil, ARGV[7]
 local stack = stack_spec(ARGV[9])
+if ARGV[10] and ARGV[10] ~= '' and redis.call('ZSCORE', base(KEYS[1]) .. '${K_DONE}', ARGV[10]) then
+  return {2}
+end
 local lease = tonumber(ARGV[2])
 local n = tonumber(ARGV[6])
 local ttl = key_ttl(lease)
