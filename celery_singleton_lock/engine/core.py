@@ -11,7 +11,7 @@ import os
 import time
 import weakref
 from collections.abc import Hashable
-from typing import Any, ClassVar, Generic, TypeVar, cast
+from typing import Any, ClassVar, Generic, Self, TypeVar, cast
 
 from celery_singleton_lock.engine import rules
 from celery_singleton_lock.engine.holds import Hold, HoldView
@@ -138,6 +138,13 @@ class LockCore(HoldView, Generic[Client]):
 
     def _wire(self, *args: Any, **kwargs: Any) -> Any:
         raise NotImplementedError
+
+    def owner_of(self, token: str) -> Self:
+        """A lock of the same key, client, protocol and slots that acts for the hold under
+        owner ``token`` (one this instance did not take): to release, extend or claim it."""
+        return type(self)(
+            self.client, self.name, token=token, scripting=self.scripting, limit=self.limit
+        )
 
     def __repr__(self) -> str:
         token = self.token

@@ -61,13 +61,7 @@ def queue_token(task_id: str, limit: int = 1) -> str:
 def queue_owner(run: Run) -> RedisLock:
     """The owner of the hold taken for ``run``'s message before it ran (its queue-scope
     hold, or the grant of a parked call), to give it up or hand it on."""
-    return RedisLock(
-        run.client,
-        run.key,
-        token=queue_token(run.task_id, run.options.limit),
-        scripting=run.settings.scripting,
-        limit=run.options.limit,
-    )
+    return run.lock.owner_of(queue_token(run.task_id, run.options.limit))
 
 
 def task_group(task_id: str) -> str:

@@ -256,14 +256,7 @@ def publish_past_lock(task: AnyTask, locking: TaskLocking, key: str, call: Hande
         task.apply_async(call.args, call.kwargs, task_id=call.task_id, **options)
     except Exception:
         log.exception("could not publish %s, handed %s; freeing the key", call.task_id, key)
-        token = queue_token(call.task_id, locking.options.limit)
-        owner = RedisLock(
-            locking.client(task.app),
-            key,
-            token=token,
-            scripting=locking.settings.scripting,
-            limit=locking.options.limit,
-        )
+        owner = locking.owner(task.app, key, queue_token(call.task_id, locking.options.limit))
         with contextlib.suppress(LockNotOwned):
             owner.release()
         return

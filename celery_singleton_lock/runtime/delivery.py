@@ -47,9 +47,7 @@ def reclaim_from_dead_delivery(run: Run, holders: list[Holder]) -> bool:
         return False
     if process_state(holder.info) != "gone":
         return False
-    dead = RedisLock(
-        lock.client, lock.name, token=holder.token, scripting=lock.scripting, limit=lock.limit
-    )
+    dead = lock.owner_of(holder.token)
     try:
         dead.release()
     except LockNotOwned:

@@ -19,6 +19,7 @@ from kombu.serialization import dumps, loads
 from celery_singleton_lock._observe import RunLock
 from celery_singleton_lock.client import LockClient, redis_for
 from celery_singleton_lock.config import settings_for
+from celery_singleton_lock.engine import RedisLock
 from celery_singleton_lock.engine.stack import Stack
 from celery_singleton_lock.keys import KeyBuilder, check_lock_keys, key_builder, signature_names
 from celery_singleton_lock.limits import call_stack, check_limit_fields, stack_tag
@@ -156,6 +157,17 @@ class TaskLocking:
             del self.__dict__["_holder_info"]
             pid, before, after = self._holder_info
         return before + json.dumps(task_id) + after
+
+    def owner(self, app: Any, key: str, token: str) -> RedisLock:
+        """A lock of ``key`` that acts for the hold under owner ``token`` (to free or hand
+        on a hold taken for a call, e.g. at its publish)."""
+        return RedisLock(
+            self.client(app),
+            key,
+            token=token,
+            scripting=self.settings.scripting,
+            limit=self.options.limit,
+        )
 
     def client(self, app: Any) -> LockClient:
         """The lock Redis client of ``app`` in this process."""

@@ -141,10 +141,11 @@ def release_for_dropped_message(app: Any, message: Any) -> bool:
         return False
     settings = settings_for(app)
     client = redis_for(app, settings.url)
-    holder = task_holder(RedisLock(client, str(key), scripting=settings.scripting), str(task_id))
+    probe = RedisLock(client, str(key), scripting=settings.scripting)
+    holder = task_holder(probe, str(task_id))
     if holder is None or holder.token is None or holder.info.get("queued") is not True:
         return False
-    owner = RedisLock(client, str(key), token=holder.token, scripting=settings.scripting)
+    owner = probe.owner_of(holder.token)
     try:
         owner.release()
     except LockNotOwned:
@@ -172,13 +173,7 @@ def release_for_lost_run(task: Any, task_id: str, args: Any, kwargs: Any, reques
         for mode in locking.plan.forget:  # not running: its modes let go of it
             mode.forget(probe.client, key, task_id)
         return False
-    owner = RedisLock(
-        probe.client,
-        key,
-        token=holder.token,
-        scripting=locking.settings.scripting,
-        limit=locking.options.limit,
-    )
+    owner = probe.owner_of(holder.token)
     lost = LostRun(task, task_id, owner, locking)
     if holder.info.get("queued") is True:
         return lost.release()  # taken at publish, never ran
