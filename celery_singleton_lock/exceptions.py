@@ -23,6 +23,7 @@ Wrong settings raise Celery's own ``celery.exceptions.ImproperlyConfigured``.
 
 from __future__ import annotations
 
+import threading
 from typing import Any
 
 import redis
@@ -70,7 +71,25 @@ class LockLost(LockError):
     def __init__(
         self, message: str = "the lease of the lock was lost", name: str | None = None
     ) -> None:
+        if name is None:  # raised in this thread by another one: its lock named beforehand
+            name = _async_lock_lost_names.pop(threading.get_ident(), None)
         super().__init__(message, name)
+
+
+#: The lock names of ``LockLost`` raised asynchronously in a thread, by thread ident. A
+#: thread that stops another thread's body (``lock_on_lost="raise"`` on the threads pool)
+#: can only hand CPython the class; the target thread instantiates it with no arguments,
+#: and ``LockLost.__init__`` takes the name left here by ``name_async_lock_lost``.
+_async_lock_lost_names: dict[int, str] = {}
+
+
+def name_async_lock_lost(thread: int, name: str | None) -> None:
+    """Name the lock of the ``LockLost`` about to be raised asynchronously in ``thread``
+    (``None``: withdraw a name not taken yet)."""
+    if name is None:
+        _async_lock_lost_names.pop(thread, None)
+    else:
+        _async_lock_lost_names[thread] = name
 
 
 class LockBackendError(LockError, redis.RedisError):
