@@ -14,6 +14,7 @@ from celery_singleton_lock._version import __version__
 from celery_singleton_lock.engine.lock import Holder, RedisLock
 from celery_singleton_lock.exceptions import (
     LockBackendError,
+    LockConnectionError,
     LockError,
     LockLost,
     LockNotOwned,
@@ -31,6 +32,7 @@ if TYPE_CHECKING:
 __all__ = [
     "Holder",
     "LockBackendError",
+    "LockConnectionError",
     "LockError",
     "LockLost",
     "LockNotOwned",

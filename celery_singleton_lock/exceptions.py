@@ -9,14 +9,18 @@ result backends serialise task exceptions)::
     │   ├── LockLost              the lease of a held lock is gone while its holder works
     │                             (lock_on_lost="raise", RedisLock.ensure_held())
     │   └── LockBackendError      Redis could not be reached or answered with an error
-    │                             (also a redis.exceptions.RedisError)
+    │       │                     (also a redis.exceptions.RedisError)
+    │       └── LockConnectionError   the compat shims' unreachable lock Redis
+    │                                 (also a redis.exceptions.ConnectionError)
     ├── TaskLocked                a task's lock is held by another run
     │   └── TaskThrottled         a task's key used up its start rate (lock_rate_limit)
     └── ResultLost                a run finished once, but its result was never stored
 
 ``LockBackendError`` is also redis-py's ``RedisError``, so code written for the projects
 this package replaces (whose Redis errors reached the caller as they were) keeps catching
-an unreachable lock Redis with ``except redis.RedisError``.
+an unreachable lock Redis with ``except redis.RedisError``; the compat shims raise
+``LockConnectionError`` for it, also redis-py's ``ConnectionError``, as the originals'
+``except redis.exceptions.ConnectionError`` handlers expect.
 
 Wrong settings raise Celery's own ``celery.exceptions.ImproperlyConfigured``.
 """
@@ -30,6 +34,7 @@ import redis
 
 __all__ = [
     "LockBackendError",
+    "LockConnectionError",
     "LockError",
     "LockLost",
     "LockNotOwned",
@@ -102,6 +107,14 @@ class LockBackendError(LockError, redis.RedisError):
     def __repr__(self) -> str:
         # redis-py's own repr ("server:LockBackendError") would hide the message in logs.
         return Exception.__repr__(self)
+
+
+class LockConnectionError(LockBackendError, redis.exceptions.ConnectionError):
+    """The lock Redis could not be reached (its ``__cause__`` is redis-py's
+    ``ConnectionError``): a ``LockBackendError``, and also a
+    ``redis.exceptions.ConnectionError``. The compat shims raise it from ``delay()`` and
+    ``apply_async()`` where celery-singleton and celery-once let redis-py's
+    ``ConnectionError`` through, so handlers written for them keep catching it."""
 
 
 class TaskLocked(SingletonLockError):
