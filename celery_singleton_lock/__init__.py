@@ -22,6 +22,7 @@ from celery_singleton_lock.exceptions import (
     SingletonLockError,
     TaskLocked,
     TaskThrottled,
+    WeightAboveLimit,
 )
 
 if TYPE_CHECKING:
@@ -43,6 +44,7 @@ __all__ = [
     "Skip",
     "TaskLocked",
     "TaskThrottled",
+    "WeightAboveLimit",
     "__version__",
     "clear_locks",
     "current_lock",

@@ -7,7 +7,9 @@ result backends serialise task exceptions)::
     ├── LockError                 the Redis lock engine
     │   ├── LockNotOwned          release/extend by an instance that no longer holds the lock
     │   ├── LockLost              the lease of a held lock is gone while its holder works
-    │                             (lock_on_lost="raise", RedisLock.ensure_held())
+    │   │                         (lock_on_lost="raise", RedisLock.ensure_held())
+    │   ├── WeightAboveLimit      a hold's weight is above a stacked limit's number: it
+    │   │                         can never fit (lock_limits, lock_weight)
     │   └── LockBackendError      Redis could not be reached or answered with an error
     │       │                     (also a redis.exceptions.RedisError)
     │       └── LockConnectionError   the compat shims' unreachable lock Redis
@@ -42,6 +44,7 @@ __all__ = [
     "SingletonLockError",
     "TaskLocked",
     "TaskThrottled",
+    "WeightAboveLimit",
 ]
 
 
@@ -95,6 +98,34 @@ def name_async_lock_lost(thread: int, name: str | None) -> None:
         _async_lock_lost_names.pop(thread, None)
     else:
         _async_lock_lost_names[thread] = name
+
+
+class WeightAboveLimit(LockError):
+    """A hold's weight is above the number of one of its stacked limits, so it could never
+    fit, however long it waited: the try is refused (a task fails with it, rather than
+    waiting or coming back for ever). A number of 0 pauses a limit instead: no refusal.
+
+    ``name`` is the Redis key of the lock; ``limit`` the limit's name, ``number`` its
+    number as it applied then (set at run time with ``celery locks limit set``, else the
+    code's) and ``weight`` the hold's weight (``lock_weight``).
+    """
+
+    def __init__(
+        self, name: str | None = None, limit: str = "", number: int = 0, weight: int = 0
+    ) -> None:
+        message = (
+            f"stacked limit {limit!r} allows a weight of {number} at once, but this run "
+            f"weighs {weight}, so it can never fit (raise the limit's number in lock_limits "
+            "or with `celery locks limit set`, or lower lock_weight)"
+        )
+        super().__init__(message, name)
+        self.args = (name, limit, number, weight)  # what a result backend rebuilds it from
+        self.limit = limit
+        self.number = number
+        self.weight = weight
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (type(self), (self.name, self.limit, self.number, self.weight))
 
 
 class LockBackendError(LockError, redis.RedisError):
