@@ -371,3 +371,28 @@ def test_a_refused_weight_gives_back_the_key_it_was_handed(
     assert isinstance(queued.result, WeightAboveLimit), repr(queued.result)
     key = locking_for(sp.export_weighing_queued).key(("queued", "t24", 3), {})
     assert data.get(key) is None
+
+
+def test_a_held_back_call_whose_limit_is_lowered_below_its_weight_fails(
+    sp: ModuleType, data: redis.Redis, workers: Any
+) -> None:
+    """Park: a weight-2 call held back by its full tenant (number 2) waits in the lock
+    Redis; the tenant is lowered to 1 meanwhile, so it could never get in: once the running
+    call ends, it is published and fails with WeightAboveLimit instead of staying PARKED."""
+    workers(concurrency=2, app=APP)
+    base = stack_base("csl")
+    capacities = base + "limits"
+    first = sp.export_weighing_parked.delay("a", "t25", 2, 2.0)
+    assert wait_for(lambda: int(data.get("in:t25") or 0) == 2, timeout=30)
+    held = sp.export_weighing_parked.delay("b", "t25", 2)
+    assert wait_for(lambda: held.state == "PARKED", timeout=30)
+    data.hset(capacities, "tenant:t25", 1)
+    try:
+        assert first.get(timeout=30) == "ran"
+        assert wait_for(held.ready, timeout=60), held.state
+        assert isinstance(held.result, WeightAboveLimit), repr(held.result)
+        assert (held.result.limit, held.result.number) == ("tenant:t25", 1)
+        assert data.zcard(base + "held") == 0
+        assert data.zcard(base + "line:tenant:t25") == 0
+    finally:
+        data.delete(capacities)
