@@ -14,6 +14,7 @@ from celery_singleton_lock._version import __version__
 from celery_singleton_lock.engine.lock import Holder, RedisLock
 from celery_singleton_lock.exceptions import (
     LockBackendError,
+    LockConnectionError,
     LockError,
     LockLost,
     LockNotOwned,
@@ -21,6 +22,7 @@ from celery_singleton_lock.exceptions import (
     SingletonLockError,
     TaskLocked,
     TaskThrottled,
+    WeightAboveLimit,
 )
 
 if TYPE_CHECKING:
@@ -31,6 +33,7 @@ if TYPE_CHECKING:
 __all__ = [
     "Holder",
     "LockBackendError",
+    "LockConnectionError",
     "LockError",
     "LockLost",
     "LockNotOwned",
@@ -41,6 +44,7 @@ __all__ = [
     "Skip",
     "TaskLocked",
     "TaskThrottled",
+    "WeightAboveLimit",
     "__version__",
     "clear_locks",
     "current_lock",

@@ -7,28 +7,36 @@ result backends serialise task exceptions)::
     ├── LockError                 the Redis lock engine
     │   ├── LockNotOwned          release/extend by an instance that no longer holds the lock
     │   ├── LockLost              the lease of a held lock is gone while its holder works
-    │                             (lock_on_lost="raise", RedisLock.ensure_held())
+    │   │                         (lock_on_lost="raise", RedisLock.ensure_held())
+    │   ├── WeightAboveLimit      a hold's weight is above a stacked limit's number: it
+    │   │                         can never fit (lock_limits, lock_weight)
     │   └── LockBackendError      Redis could not be reached or answered with an error
-    │                             (also a redis.exceptions.RedisError)
+    │       │                     (also a redis.exceptions.RedisError)
+    │       └── LockConnectionError   the compat shims' unreachable lock Redis
+    │                                 (also a redis.exceptions.ConnectionError)
     ├── TaskLocked                a task's lock is held by another run
     │   └── TaskThrottled         a task's key used up its start rate (lock_rate_limit)
     └── ResultLost                a run finished once, but its result was never stored
 
 ``LockBackendError`` is also redis-py's ``RedisError``, so code written for the projects
 this package replaces (whose Redis errors reached the caller as they were) keeps catching
-an unreachable lock Redis with ``except redis.RedisError``.
+an unreachable lock Redis with ``except redis.RedisError``; the compat shims raise
+``LockConnectionError`` for it, also redis-py's ``ConnectionError``, as the originals'
+``except redis.exceptions.ConnectionError`` handlers expect.
 
 Wrong settings raise Celery's own ``celery.exceptions.ImproperlyConfigured``.
 """
 
 from __future__ import annotations
 
+import threading
 from typing import Any
 
 import redis
 
 __all__ = [
     "LockBackendError",
+    "LockConnectionError",
     "LockError",
     "LockLost",
     "LockNotOwned",
@@ -36,6 +44,7 @@ __all__ = [
     "SingletonLockError",
     "TaskLocked",
     "TaskThrottled",
+    "WeightAboveLimit",
 ]
 
 
@@ -70,7 +79,53 @@ class LockLost(LockError):
     def __init__(
         self, message: str = "the lease of the lock was lost", name: str | None = None
     ) -> None:
+        if name is None:  # raised in this thread by another one: its lock named beforehand
+            name = _async_lock_lost_names.pop(threading.get_ident(), None)
         super().__init__(message, name)
+
+
+#: The lock names of ``LockLost`` raised asynchronously in a thread, by thread ident. A
+#: thread that stops another thread's body (``lock_on_lost="raise"`` on the threads pool)
+#: can only hand CPython the class; the target thread instantiates it with no arguments,
+#: and ``LockLost.__init__`` takes the name left here by ``name_async_lock_lost``.
+_async_lock_lost_names: dict[int, str] = {}
+
+
+def name_async_lock_lost(thread: int, name: str | None) -> None:
+    """Name the lock of the ``LockLost`` about to be raised asynchronously in ``thread``
+    (``None``: withdraw a name not taken yet)."""
+    if name is None:
+        _async_lock_lost_names.pop(thread, None)
+    else:
+        _async_lock_lost_names[thread] = name
+
+
+class WeightAboveLimit(LockError):
+    """A hold's weight is above the number of one of its stacked limits, so it could never
+    fit, however long it waited: the try is refused (a task fails with it, rather than
+    waiting or coming back for ever). A number of 0 pauses a limit instead: no refusal.
+
+    ``name`` is the Redis key of the lock; ``limit`` the limit's name, ``number`` its
+    number as it applied then (set at run time with ``celery locks limit set``, else the
+    code's) and ``weight`` the hold's weight (``lock_weight``).
+    """
+
+    def __init__(
+        self, name: str | None = None, limit: str = "", number: int = 0, weight: int = 0
+    ) -> None:
+        message = (
+            f"stacked limit {limit!r} allows a weight of {number} at once, but this run "
+            f"weighs {weight}, so it can never fit (raise the limit's number in lock_limits "
+            "or with `celery locks limit set`, or lower lock_weight)"
+        )
+        super().__init__(message, name)
+        self.args = (name, limit, number, weight)  # what a result backend rebuilds it from
+        self.limit = limit
+        self.number = number
+        self.weight = weight
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (type(self), (self.name, self.limit, self.number, self.weight))
 
 
 class LockBackendError(LockError, redis.RedisError):
@@ -83,6 +138,14 @@ class LockBackendError(LockError, redis.RedisError):
     def __repr__(self) -> str:
         # redis-py's own repr ("server:LockBackendError") would hide the message in logs.
         return Exception.__repr__(self)
+
+
+class LockConnectionError(LockBackendError, redis.exceptions.ConnectionError):
+    """The lock Redis could not be reached (its ``__cause__`` is redis-py's
+    ``ConnectionError``): a ``LockBackendError``, and also a
+    ``redis.exceptions.ConnectionError``. The compat shims raise it from ``delay()`` and
+    ``apply_async()`` where celery-singleton and celery-once let redis-py's
+    ``ConnectionError`` through, so handlers written for them keep catching it."""
 
 
 class TaskLocked(SingletonLockError):

@@ -422,13 +422,21 @@ def exception_tree() -> list[str]:
                if name in exceptions.__all__ and inspect.isclass(value)]  # fmt: skip
     roots = [cls for cls in classes if not any(base in classes for base in cls.__bases__)]
     lines: list[str] = []
-    column = 26
+
+    def depth_of(cls: type) -> int:
+        parents = [base for base in cls.__bases__ if base in classes]
+        return 1 + depth_of(parents[0]) if parents else 0
+
+    # Each class's text starts in one column, two past the longest name as drawn.
+    column = max(26, *(4 * depth_of(cls) + len(cls.__name__) + 2 for cls in classes))
 
     def walk(cls: type, prefix: str, last: bool, depth: int) -> None:
         mark = "" if depth == 0 else ("└── " if last else "├── ")
         children = [c for c in classes if cls in c.__bases__]
         inner = prefix + ("" if depth == 0 else ("    " if last else "│   "))
-        body = textwrap.wrap(first_sentence(cls.__doc__), DRAWING_WIDTH - column)
+        body = textwrap.wrap(
+            first_sentence(cls.__doc__), DRAWING_WIDTH - column, break_on_hyphens=False
+        )
         lines.append((prefix + mark + cls.__name__).ljust(column) + body[0])
         below = inner + ("│" if children else "")
         lines.extend(below.ljust(column) + line for line in body[1:])

@@ -9,7 +9,9 @@ duplicate (when the runtime cannot hand the lock over, because the retry changed
 arguments or the lock was given up before the run, the retried message is published past
 the lock, and its run waits its turn); and ``task.apply()``, which publishes nothing, runs
 the body without any lock, as both predecessors did (their locks were taken only in
-``apply_async``), even while an identical message is queued.
+``apply_async``), even while an identical message is queued. And a lock Redis that cannot
+be reached at publish is a ``LockConnectionError``: our ``LockBackendError``, and also the
+``redis.exceptions.ConnectionError`` that both predecessors let through.
 
 The settings helpers read a predecessor's setting under every spelling its users write:
 ``singleton_key_prefix``, ``SINGLETON_KEY_PREFIX`` and ``CELERY_SINGLETON_KEY_PREFIX``.
@@ -21,11 +23,12 @@ import dataclasses
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any, ClassVar
 
+import redis
 from celery.exceptions import ImproperlyConfigured
 
 from celery_singleton_lock import runtime
 from celery_singleton_lock.client import mask_url, url_error
-from celery_singleton_lock.exceptions import TaskLocked
+from celery_singleton_lock.exceptions import LockBackendError, LockConnectionError, TaskLocked
 from celery_singleton_lock.keys import check_lock_keys
 from celery_singleton_lock.options import Settings, did_you_mean
 from celery_singleton_lock.task import LockedTask
@@ -36,6 +39,7 @@ if TYPE_CHECKING:
 __all__ = [
     "CompatTask",
     "applied_directly",
+    "as_predecessor_error",
     "check_keys",
     "conf_value",
     "parse_setting",
@@ -107,6 +111,24 @@ def applied_directly(request: Any) -> bool:
     )
 
 
+def as_predecessor_error(error: LockBackendError) -> LockBackendError:
+    """``error`` as a predecessor's caller expects it: a ``LockConnectionError`` (also
+    redis-py's ``ConnectionError``) when a redis-py ``ConnectionError`` is behind it, with
+    the same message and lock name; else ``error`` itself."""
+    if isinstance(error, LockConnectionError):
+        return error
+    seen: BaseException | None = error.__cause__
+    for _ in range(5):  # a LockBackendError may wrap another one before redis-py's error
+        if seen is None or isinstance(seen, redis.exceptions.ConnectionError):
+            break
+        seen = seen.__cause__
+    if not isinstance(seen, redis.exceptions.ConnectionError):
+        return error
+    converted = LockConnectionError(error.message, error.name)
+    converted.__cause__ = seen
+    return converted
+
+
 class CompatTask(LockedTask):
     """A queue-scope ``LockedTask`` driven by a predecessor's options and settings.
 
@@ -171,6 +193,15 @@ class CompatTask(LockedTask):
     def apply_async(  # type: ignore[override]  # same call shape, options forwarded as-is
         self, args: Any = None, kwargs: Any = None, **options: Any
     ) -> Any:
+        try:
+            return self._compat_apply_async(args, kwargs, options)
+        except LockBackendError as exc:
+            converted = as_predecessor_error(exc)
+            if converted is exc:
+                raise
+            raise converted from converted.__cause__
+
+    def _compat_apply_async(self, args: Any, kwargs: Any, options: dict[str, Any]) -> Any:
         given = options.pop(self.compat_call_option, None) if self.compat_call_option else None
         celery_apply_async = super(LockedTask, self).apply_async
         published = False

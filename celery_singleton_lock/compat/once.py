@@ -17,8 +17,8 @@
 it is held, or return a result whose ``.result`` is None with ``graceful``. Calling the task
 directly, or running it with ``task.apply()``, is not locked (the body runs even while the
 same call is queued, and leaves that call's lock alone). With the lock Redis unreachable,
-``delay`` raises ``LockBackendError``, which is also a ``redis.RedisError``, as
-celery-once's Redis errors were. The lock is released when the run ends, success or
+``delay`` raises ``LockConnectionError``: our ``LockBackendError``, and also redis-py's
+``ConnectionError``, as celery-once raised. The lock is released when the run ends, success or
 failure, or just before the body runs with ``unlock_before_run``; it expires ``timeout``
 seconds (the ``default_timeout``, one hour) after it was taken, and again after the run
 started.

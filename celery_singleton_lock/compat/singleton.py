@@ -12,8 +12,8 @@ to the signature, or only the ``unique_on`` parameters). A duplicate call publis
 and returns the queued or running task's ``AsyncResult``, or raises ``DuplicateTaskError``
 with ``raise_on_duplicate``. The lock is released when the run ends, success or failure.
 ``task.apply()`` publishes nothing and takes no lock: the body runs, even while the same call
-is queued. With the lock Redis unreachable, ``delay`` raises ``LockBackendError``, which is
-also a ``redis.RedisError``, as celery-singleton's Redis errors were.
+is queued. With the lock Redis unreachable, ``delay`` raises ``LockConnectionError``: our
+``LockBackendError``, and also redis-py's ``ConnectionError``, as celery-singleton raised.
 
 Settings, each also written upper case or as ``CELERY_SINGLETON_...``:
 ``singleton_backend_url`` (default: the result backend if it is Redis, else the broker),

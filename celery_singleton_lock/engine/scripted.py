@@ -11,7 +11,7 @@ import redis
 from celery_singleton_lock.engine.protocol import Attempt, LockKeys, Protocol
 from celery_singleton_lock.engine.scripts import SCRIPTS, Script
 from celery_singleton_lock.engine.wire import backend_error, call
-from celery_singleton_lock.exceptions import LockBackendError
+from celery_singleton_lock.exceptions import LockBackendError, WeightAboveLimit
 
 __all__ = ["ScriptCall", "ScriptCalls", "ScriptedProtocol", "extend_all"]
 
@@ -66,10 +66,20 @@ class ScriptCalls:
 
     def attempt(self, result: Any) -> Attempt:
         """ACQUIRE's reply: acquired with the fencing token (and the slot taken, with
-        several), or held, with the milliseconds until the holder's lease ends."""
+        several), or held, with the milliseconds until the holder's lease ends.
+        ``WeightAboveLimit`` when the weight is above a stacked limit's number (refused for
+        good: the script has taken the caller out of every queue and line)."""
         if int(result[0]) != 1:
             if int(result[0]) == 2:  # the unless_finished task id's run finished
                 return Attempt(False, 0, finished=True)
+            if len(result) > 4:  # the weight can never fit in that limit
+                limit = result[2]
+                raise WeightAboveLimit(
+                    self._name_b.decode(),
+                    limit.decode() if isinstance(limit, bytes) else str(limit),
+                    int(result[3]),
+                    int(result[4]),
+                )
             if len(result) > 2:  # held back by a stacked limit
                 limit = result[2]
                 return Attempt(

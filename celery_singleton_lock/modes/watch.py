@@ -31,7 +31,7 @@ from types import FrameType
 from typing import TYPE_CHECKING, Any
 
 from celery_singleton_lock.engine import RedisLock
-from celery_singleton_lock.exceptions import LockLost
+from celery_singleton_lock.exceptions import LockLost, name_async_lock_lost
 from celery_singleton_lock.modes.base import Mode
 
 if TYPE_CHECKING:
@@ -90,14 +90,19 @@ def _install_handler() -> bool:
     return True
 
 
-def _raise_in(thread: int) -> None:
-    """Raise ``LockLost`` in another thread at its next instruction."""
+def _raise_in(thread: int, name: str) -> None:
+    """Raise ``LockLost`` (naming lock ``name``) in another thread at its next instruction.
+
+    CPython takes only the class here and instantiates it in that thread with no
+    arguments; the name is left where ``LockLost.__init__`` finds it."""
+    name_async_lock_lost(thread, name)
     ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(thread), ctypes.py_object(LockLost))
 
 
 def _withdraw(thread: int) -> None:
     """Withdraw an asynchronous exception not raised yet in ``thread``."""
     ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(thread), None)
+    name_async_lock_lost(thread, None)
 
 
 def _fire(watched: _Watched) -> None:
@@ -110,7 +115,7 @@ def _fire(watched: _Watched) -> None:
     if watched.thread == threading.main_thread().ident:
         signal.pthread_kill(watched.thread, SIGNAL)
     else:
-        _raise_in(watched.thread)
+        _raise_in(watched.thread, watched.lock.name)
 
 
 def _watch() -> None:

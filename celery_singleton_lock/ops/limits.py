@@ -12,8 +12,10 @@ The scripts (``engine/scripts/lib/stack.lua``) read a limit's number by its name
 its template, then take the code's; a stored value that is not a whole number >= 0 (as
 Lua's ``tonumber`` reads it) is skipped. A share whose lease has ended no longer counts,
 and a member of another layout counts as weight 1. :func:`read_limits` follows the same
-rules, read-only, on the server's clock. Setting a number never stops running work: it
-only holds new runs back until they fit.
+rules, read-only, on the server's clock. A key there that holds a value of another type
+(which every take of that limit refuses, naming the key) is reported as a
+:class:`KeyProblem` beside the rows it concerns, never stops the others being read. Setting
+a number never stops running work: it only holds new runs back until they fit.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+import redis
 from celery.exceptions import ImproperlyConfigured
 
 from celery_singleton_lock.engine.stack import LIMIT_PREFIX, LIMITS, MAX_NAME, stack_base
@@ -39,7 +42,9 @@ if TYPE_CHECKING:
 __all__ = [
     "HEADINGS",
     "CodeLimit",
+    "KeyProblem",
     "LimitRow",
+    "LimitsReading",
     "Number",
     "Usage",
     "build_rows",
@@ -51,6 +56,7 @@ __all__ = [
     "name_problem",
     "parse_number",
     "read_limits",
+    "read_limits_reading",
     "renders",
     "set_limit",
     "templates_of",
@@ -290,23 +296,95 @@ def _scan(client: LockClient, pattern: str) -> list[bytes | str]:
     return list(seen)
 
 
-def read_limits(client: LockClient, prefix: str, code: Sequence[CodeLimit]) -> list[LimitRow]:
+@dataclass(frozen=True)
+class KeyProblem:
+    """A key of the stack that could not be read as what it should be: ``key`` (its full
+    name), ``limit`` (the limit whose shares it holds; None for the hash of numbers set) and
+    ``problem`` (what is wrong with it, and what follows)."""
+
+    key: str
+    problem: str
+    limit: str | None = None
+
+    def __str__(self) -> str:
+        return f"key {self.key!r} {self.problem}"
+
+    def as_json(self) -> dict[str, Any]:
+        """The problem as a JSON object: ``key``, ``limit`` (or null) and ``problem``."""
+        return {"key": self.key, "limit": self.limit, "problem": self.problem}
+
+
+@dataclass(frozen=True)
+class LimitsReading:
+    """What :func:`read_limits_reading` found: the ``rows``, and the ``problems`` of keys
+    that could not be read (each also on the rows it concerns)."""
+
+    rows: list[LimitRow]
+    problems: list[KeyProblem]
+
+
+def _wrong_type(exc: BaseException) -> bool:
+    return isinstance(exc, redis.ResponseError) and str(exc).startswith("WRONGTYPE")
+
+
+def _type_problem(
+    client: LockClient, key: bytes | str, wanted: str, limit: str | None
+) -> KeyProblem:
+    """The problem of ``key``, which holds a value of another type than ``wanted``."""
+    try:
+        found = _text(client.type(key))
+    except redis.RedisError:
+        found = "another type of"
+    what = "every run that takes this limit" if limit is not None else "every stacked limit"
+    return KeyProblem(
+        key=_text(key),
+        problem=(
+            f"holds a {found} value, not {wanted}; {what} fails (naming the key) until it "
+            "is deleted"
+        ),
+        limit=limit,
+    )
+
+
+def read_limits_reading(
+    client: LockClient, prefix: str, code: Sequence[CodeLimit]
+) -> LimitsReading:
     """The rows of ``locks limit list``: every limit the code names or the lock Redis holds
-    (a number set, or shares), with its live use on the server's clock. Read-only: expired
-    shares are left for the scripts to prune."""
+    (a number set, or shares), with its live use on the server's clock, and the problem of
+    every key there that holds a value of another type (its row shows what else is known).
+    Read-only: expired shares are left for the scripts to prune."""
     capacities = capacities_key(prefix)
     zsets = stack_base(prefix) + LIMIT_PREFIX
-    stored: dict[str, bytes | str] = {
-        _text(name): value for name, value in dict(client.hgetall(capacities)).items()
-    }
+    problems: list[KeyProblem] = []
+    try:
+        numbers = dict(client.hgetall(capacities))
+    except redis.ResponseError as exc:
+        if not _wrong_type(exc):
+            raise
+        numbers = {}
+        problems.append(_type_problem(client, capacities, "a hash of limit numbers", None))
+    stored: dict[str, bytes | str] = {_text(name): value for name, value in numbers.items()}
     keys = {_text(key)[len(zsets) :]: key for key in _scan(client, _glob_escape(zsets) + "*")}
     now_ms = server_time(client, capacities)[0]
     pipe = client.pipeline(transaction=False)
     names = sorted(keys)
     for name in names:
         pipe.zrangebyscore(keys[name], f"({now_ms}", "+inf", withscores=True)
-    usage = {name: _usage(members) for name, members in zip(names, pipe.execute(), strict=True)}
-    return build_rows(code, stored, usage)
+    usage: dict[str, Usage] = {}
+    for name, members in zip(names, pipe.execute(raise_on_error=False), strict=True):
+        if not isinstance(members, Exception):
+            usage[name] = _usage(members)
+        elif _wrong_type(members):
+            problems.append(_type_problem(client, keys[name], "a sorted set of shares", name))
+        else:
+            raise members
+    return LimitsReading(build_rows(code, stored, usage, problems), problems)
+
+
+def read_limits(client: LockClient, prefix: str, code: Sequence[CodeLimit]) -> list[LimitRow]:
+    """The rows of :func:`read_limits_reading` (a limit whose key cannot be read has no
+    use: ``in_use`` and ``holds`` are None)."""
+    return read_limits_reading(client, prefix, code).rows
 
 
 # ------------------------------------------------------------------------------- rows
@@ -333,7 +411,8 @@ class LimitRow:
     ``set_number`` that as a number (None when none, or when the scripts skip it); ``applies``:
     the number each of its templates' runs meet now (name, then template, then code);
     ``in_use``/``holds``: its live shares (None for a template with fields, which is no
-    limit itself: each rendering is).
+    limit itself: each rendering is, and for a limit whose key cannot be read);
+    ``problems``: the keys read for this row that hold a value of another type.
     """
 
     name: str
@@ -345,10 +424,16 @@ class LimitRow:
     in_use: int | None = 0
     holds: int | None = 0
     tasks: tuple[str, ...] = ()
+    problems: tuple[KeyProblem, ...] = ()
 
     def cells(self) -> tuple[str, ...]:
-        """The row's table cells, in :data:`HEADINGS` order."""
-        if self.set_number is not None:
+        """The row's table cells, in :data:`HEADINGS` order; ``?`` where a key could not be
+        read."""
+        unread_use = any(problem.limit == self.name for problem in self.problems)
+        unread_set = any(problem.limit is None for problem in self.problems)
+        if unread_set:
+            set_cell = "?"
+        elif self.set_number is not None:
             set_cell = _shown(self.set_number)
         elif self.stored is not None:
             shown = self.stored if len(self.stored) <= _SHOWN else self.stored[:_SHOWN] + "..."
@@ -360,14 +445,15 @@ class LimitRow:
             _cell(self.code),
             set_cell,
             _cell(self.applies),
-            "-" if self.in_use is None else str(self.in_use),
-            "-" if self.holds is None else str(self.holds),
+            "?" if unread_use else "-" if self.in_use is None else str(self.in_use),
+            "?" if unread_use else "-" if self.holds is None else str(self.holds),
             ", ".join(self.tasks) or "-",
         )
 
     def as_json(self) -> dict[str, Any]:
         """The row as a JSON object (``code`` and ``applies`` are lists; an infinite number,
-        a stored ``inf``, is the string ``"inf"``)."""
+        a stored ``inf``, is the string ``"inf"``; ``problems`` a list of
+        :meth:`KeyProblem.as_json`)."""
         return {
             "limit": self.name,
             "templates": list(self.templates),
@@ -378,6 +464,7 @@ class LimitRow:
             "in_use": self.in_use,
             "holds": self.holds,
             "tasks": list(self.tasks),
+            "problems": [problem.as_json() for problem in self.problems],
         }
 
 
@@ -385,12 +472,17 @@ def build_rows(
     code: Sequence[CodeLimit],
     stored: Mapping[str, bytes | str],
     usage: Mapping[str, Usage],
+    problems: Sequence[KeyProblem] = (),
 ) -> list[LimitRow]:
     """The rows for what the code says (``code``), the numbers set in Redis by name or
-    template (``stored``) and the live use of each limit found there (``usage``), sorted by
-    name. A name is a template of the code, or is matched to the templates it renders."""
+    template (``stored``), the live use of each limit found there (``usage``) and the keys
+    that could not be read (``problems``: a limit's own, or the hash of numbers, which
+    concerns every row), sorted by name. A name is a template of the code, or is matched to
+    the templates it renders."""
     templates = tuple(dict.fromkeys(item.template for item in code))
-    names = sorted({*templates, *stored, *usage})
+    unread = {problem.limit: problem for problem in problems if problem.limit is not None}
+    shared = tuple(problem for problem in problems if problem.limit is None)
+    names = sorted({*templates, *stored, *usage, *unread})
     rows = []
     for name in names:
         own = templates_of(name, templates)
@@ -404,7 +496,7 @@ def build_rows(
         if not sources and by_name is not None:
             applies.add(by_name)
         used = usage.get(name)
-        if used is None:
+        if used is None and name not in unread:
             used = Usage(0, 0) if not (name in templates and has_fields(name)) else None
         text = stored.get(name)
         rows.append(
@@ -418,6 +510,7 @@ def build_rows(
                 in_use=None if used is None else used.in_use,
                 holds=None if used is None else used.holds,
                 tasks=tuple(sorted({item.task for item in sources})),
+                problems=shared + ((unread[name],) if name in unread else ()),
             )
         )
     return rows

@@ -9,7 +9,9 @@ conflict policy (:mod:`celery_singleton_lock.modes`)::
 The pipeline names no mode and compares no option: what differs between modes is in their
 hooks. The rules that hold for every mode are written here, once: a Redis outage retries
 the run (or runs it unlocked under ``singleton_lock_fail_open``), a dead earlier delivery
-of this very message is taken over, and a live one makes this delivery come back later.
+of this very message is taken over, and a live one makes this delivery come back later;
+a run whose weight is above a stacked limit's number fails (``WeightAboveLimit``), giving
+up the hold its message had (queue scope, a parked call's grant) as a lost run's is freed.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ import contextlib
 import functools
 import logging
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, NoReturn
 
 from celery import Task as CeleryTask
@@ -25,8 +28,14 @@ from celery import states
 from celery.exceptions import Ignore, Reject, Retry
 
 from celery_singleton_lock import _observe as observe
-from celery_singleton_lock.exceptions import LockBackendError, LockNotOwned, TaskLocked
-from celery_singleton_lock.modes.base import ACQUIRED
+from celery_singleton_lock.engine import RedisLock
+from celery_singleton_lock.exceptions import (
+    LockBackendError,
+    LockNotOwned,
+    TaskLocked,
+    WeightAboveLimit,
+)
+from celery_singleton_lock.modes.base import ACQUIRED, HandedCall
 from celery_singleton_lock.modes.held import hold_back
 from celery_singleton_lock.modes.policies import Retry as RetryPolicy
 from celery_singleton_lock.modes.policies import locked, tell
@@ -41,6 +50,8 @@ if TYPE_CHECKING:
     from celery import Task
 
     from celery_singleton_lock.engine import Holder
+    from celery_singleton_lock.engine.atomic import Record
+    from celery_singleton_lock.options import LockOptions
 
     AnyTask = Task[Any, Any]
 else:
@@ -130,6 +141,11 @@ def before_body(run: Run) -> Callable[[], Any]:
         for mode in plan.admit:
             if not mode.admit(run):
                 return lambda: None
+    except WeightAboveLimit:
+        # Refused for good (it could never fit): the call fails. The hold its message had
+        # when it started would otherwise stay until its lease ends.
+        give_back_claim(run)
+        raise
     except LockBackendError as exc:
         # The lock Redis failed at any step before the body: the outage rule, for every
         # mode (it gives back what the run holds).
@@ -142,6 +158,61 @@ def before_body(run: Run) -> Callable[[], Any]:
         return run.body  # freed at its start: current_lock() is None
     run.holding = True
     return functools.partial(body, run)
+
+
+@dataclass(frozen=True)
+class Refused:
+    """The hold a refused run's message had (``Run.lock.claim``), given up as the run
+    fails: a mode may hand it on (to a parked call, a follow-up) as at the end of a run."""
+
+    run: Run
+    lock: RedisLock
+
+    @property
+    def task(self) -> Any:
+        return self.run.task
+
+    @property
+    def task_id(self) -> str:
+        return self.run.task_id
+
+    @property
+    def options(self) -> LockOptions:
+        return self.run.options
+
+    @property
+    def record(self) -> Record | None:
+        return None
+
+    @property
+    def blocking(self) -> bool:
+        return True
+
+    def publish_past_lock(self, call: HandedCall) -> None:
+        self.run.publish_past_lock(call)
+
+    def released(self, state: str | None, *, held: bool, hold: float = 0.0) -> None:
+        if held:
+            log.info("%s[%s]: refused, gave up %s", self.task.name, self.task_id, self.run.key)
+
+
+def give_back_claim(run: Run) -> None:
+    """Give up the hold ``run``'s message had when it started (its queue-scope hold, or the
+    grant of a parked call: the hold its acquire would have claimed), if it still has it."""
+    claim = run.lock.claim
+    if not claim:
+        return
+    owner = run.lock.owner_of(claim)
+    refused = Refused(run, owner)
+    try:
+        for mode in run.locking.plan.release:
+            if mode.release(refused, states.FAILURE):
+                return
+        owner.release()
+    except LockNotOwned:
+        pass
+    except LockBackendError as exc:
+        log.error("could not give up the hold of %s: %s", run.key, exc)
 
 
 def on_limit(run: Run) -> Any:

@@ -302,12 +302,78 @@ def test_json_output_is_a_list_of_objects(
     assert rows["tenant:acme"] == {
         "limit": "tenant:acme", "templates": ["tenant:{tenant}"], "code": [2], "set": 16,
         "stored": "0x10", "applies": [16], "in_use": 2, "holds": 1, "tasks": [EXPORT],
+        "problems": [],
     }  # fmt: skip
     assert rows["global:exports"]["set"] is None
     assert rows["global:exports"]["stored"] == "oops"
     assert rows["global:exports"]["applies"] == [limitsproj.IN_ALL]  # skipped: the code's
     assert rows["tenant:{tenant}"]["in_use"] is None
     assert table(cli("list").stdout)["global:exports"]["SET"] == "'oops'(ignored)"
+
+
+def test_a_limit_key_of_another_type_is_named_and_the_others_still_listed(
+    cli: Cli, take: Take, client: redis.Redis, prefix: str
+) -> None:
+    """A string planted at one limit's key (which every take of that limit refuses) does
+    not hide the others: ``list`` exits 0, shows every limit with live use where it can be
+    read, ``?`` for the planted one's use, and a warning on stderr naming the key and its
+    type; ``--json`` gives the same rows, the planted key in the problems of its row."""
+    take(EXPORT, "r1", "acme", heavy=True)
+    planted = stack_base(prefix) + "limit:tenant:globex"
+    client.set(planted, "not a sorted set")
+
+    done = cli("list")
+
+    assert done.returncode == 0, done.stderr
+    rows = table(done.stdout)
+    assert set(rows) == {"global:exports", "tenant:acme", "tenant:globex", "tenant:{tenant}"}
+    assert (rows["tenant:acme"]["IN USE"], rows["tenant:acme"]["HOLDS"]) == ("2", "1")
+    assert (rows["global:exports"]["IN USE"], rows["global:exports"]["HOLDS"]) == ("2", "1")
+    assert (rows["tenant:globex"]["IN USE"], rows["tenant:globex"]["HOLDS"]) == ("?", "?")
+    assert rows["tenant:globex"]["TASKS"] == EXPORT
+    warnings = [line for line in done.stderr.splitlines() if line.startswith("warning:")]
+    assert len(warnings) == 1, done.stderr
+    assert repr(planted) in warnings[0]
+    assert "holds a string value, not a sorted set of shares" in warnings[0]
+
+    done = cli("list", "--json")
+
+    assert done.returncode == 0, done.stderr
+    by_name = {row["limit"]: row for row in json.loads(done.stdout)}
+    assert by_name["tenant:acme"]["in_use"] == 2
+    assert by_name["tenant:acme"]["problems"] == []
+    globex = by_name["tenant:globex"]
+    assert (globex["in_use"], globex["holds"]) == (None, None)
+    assert [problem["key"] for problem in globex["problems"]] == [planted]
+    assert globex["problems"][0]["limit"] == "tenant:globex"
+    assert "string" in globex["problems"][0]["problem"]
+    assert repr(planted) in done.stderr
+
+
+def test_a_numbers_hash_of_another_type_is_named_and_the_limits_still_listed(
+    cli: Cli, take: Take, client: redis.Redis, prefix: str
+) -> None:
+    """A list planted where the numbers set at run time live: ``list`` exits 0, shows the
+    limits with their live use and the code's numbers, ``?`` as SET, and a warning naming
+    the hash's key; in ``--json`` every row carries the problem."""
+    take(EXPORT, "r1", "acme")
+    client.rpush(capacities(prefix), "x")
+
+    done = cli("list")
+
+    assert done.returncode == 0, done.stderr
+    rows = table(done.stdout)
+    assert rows["tenant:acme"]["IN USE"] == "1"
+    assert rows["tenant:acme"]["SET"] == "?"
+    assert rows["global:exports"]["CODE"] == str(limitsproj.IN_ALL)
+    assert repr(capacities(prefix)) in done.stderr
+    assert "holds a list value, not a hash of limit numbers" in done.stderr
+
+    by_name = {row["limit"]: row for row in json.loads(cli("list", "--json").stdout)}
+    assert all(
+        [problem["key"] for problem in row["problems"]] == [capacities(prefix)]
+        for row in by_name.values()
+    )
 
 
 @pytest.fixture

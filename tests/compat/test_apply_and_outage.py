@@ -15,7 +15,7 @@ import pytest
 import redis
 from celery import Celery, states
 
-from celery_singleton_lock import LockBackendError, LockError, RedisLock
+from celery_singleton_lock import LockBackendError, LockConnectionError, LockError, RedisLock
 from celery_singleton_lock.compat.once import AlreadyQueued, QueueOnce
 from celery_singleton_lock.compat.singleton import Singleton
 from celery_singleton_lock.testing import CeleryWorker, RedisServer, free_port
@@ -211,8 +211,57 @@ def test_an_unreachable_lock_redis_is_a_redis_error_for_delay(make_app: MakeApp,
         pytest.fail("delay() published with the lock Redis down")
     assert isinstance(caught, LockBackendError)
     assert isinstance(caught, LockError)
+    assert isinstance(caught, redis.exceptions.ConnectionError)
     assert "Connection refused" in str(caught)
     assert queued(app) == 0
+
+
+@pytest.mark.parametrize("base", ["once", "singleton"])
+def test_a_stopped_lock_redis_is_redis_py_connection_error_for_delay(
+    make_app: MakeApp, base: str
+) -> None:
+    """The lock Redis (a private server) serves a first call, then is stopped: the next
+    delay() raises what celery-singleton's and celery-once's callers catch, redis-py's
+    ConnectionError (whose cause is redis-py's own error), and it is also our
+    LockBackendError; nothing more is published."""
+    with RedisServer() as lock_server:
+        if base == "once":
+            app = once_app(make_app, lock_server.url)
+            base_class: type[Any] = QueueOnce
+        else:
+            app = make_app(singleton_backend_url=lock_server.url)
+            base_class = Singleton
+
+        @app.task(shared=False, base=base_class)
+        def job(x: str) -> str:
+            return x
+
+        job.delay(unique("up"))
+        assert queued(app) == 1
+        lock_server.stop()
+
+        try:
+            job.delay(unique("stopped"))
+        except redis.exceptions.ConnectionError as exc:  # what the originals' callers catch
+            caught: BaseException = exc
+        else:
+            pytest.fail("delay() published with the lock Redis stopped")
+    assert isinstance(caught, LockConnectionError)
+    assert isinstance(caught, LockBackendError)
+    assert isinstance(caught.__cause__, redis.exceptions.ConnectionError)
+    assert not isinstance(caught.__cause__, LockError)
+    assert queued(app) == 1
+
+
+def test_lock_connection_error_is_both_and_pickles() -> None:
+    """LockConnectionError is a LockBackendError and a redis.exceptions.ConnectionError, and
+    a pickle round trip keeps its class, message and lock name."""
+    error = LockConnectionError("Redis error: Connection refused", "csl:t:{x}")
+    assert isinstance(error, LockBackendError)
+    assert isinstance(error, redis.exceptions.ConnectionError)
+    back = pickle.loads(pickle.dumps(error))
+    assert type(back) is LockConnectionError
+    assert (str(back), back.name) == (str(error), "csl:t:{x}")
 
 
 def test_lock_backend_error_is_a_redis_error_and_pickles() -> None:

@@ -74,6 +74,8 @@ def test_a_lost_lease_stops_a_body_on_another_thread(client: redis.Redis, key: s
     worker.join(timeout=5)
     assert not worker.is_alive()
     assert len(caught) == 1
+    assert isinstance(caught[0], LockLost)
+    assert caught[0].name == key  # named, though CPython raised it from the class alone
 
 
 def test_nothing_is_raised_after_the_block_or_while_held(client: redis.Redis, key: str) -> None:

@@ -18,8 +18,9 @@ from typing import Any
 import pytest
 import redis
 
-from celery_singleton_lock import LockError, LockNotOwned, RedisLock
+from celery_singleton_lock import LockError, LockNotOwned, RedisLock, WeightAboveLimit
 from celery_singleton_lock.engine import atomic
+from celery_singleton_lock.engine.keyspace import QUEUE, companion_key
 from celery_singleton_lock.engine.stack import Limit, Stack, stack_base
 from celery_singleton_lock.explain import explain_key
 from celery_singleton_lock.testing import RedisServer
@@ -89,7 +90,7 @@ def test_all_or_nothing(client: redis.Redis, prefix: str) -> None:
 
 def test_weights_count_in_every_limit(client: redis.Redis, prefix: str) -> None:
     """A weight-2 hold takes two of each limit; a second one no longer fits in a tenant of
-    three, a weight-1 one still does."""
+    three, a weight-1 one still does; a weight-5 one never would, and is refused."""
     lock = make(client, prefix)
     heavy = lock("h1", weight=2)
     assert heavy.acquire(blocking=False)
@@ -100,7 +101,8 @@ def test_weights_count_in_every_limit(client: redis.Redis, prefix: str) -> None:
     light = lock("l1")
     assert light.acquire(blocking=False)
     too_heavy = lock("h3", tenant="b", weight=5)
-    assert not too_heavy.acquire(blocking=False)  # 5 never fits in 3
+    with pytest.raises(WeightAboveLimit):  # 5 never fits in 3
+        too_heavy.acquire(blocking=False)
     heavy.release()
     light.release()
 
@@ -593,3 +595,79 @@ def test_a_take_answered_after_its_lease_keeps_its_shares_until_released(
             assert rival.acquire(blocking=False)
         assert live(client, rival.token)
         rival.release()
+
+
+def test_a_weight_above_a_number_is_refused_for_good(client: redis.Redis, prefix: str) -> None:
+    """A weight above a limit's number as it applies (the code's, or one set in Redis by
+    name or template) raises WeightAboveLimit naming that limit, its number and the weight,
+    at once (a blocking try too), taking nothing; with slots as well. A number of 0 pauses
+    (holds back, no refusal); a number set above the code's lets the same weight in."""
+    lock = make(client, prefix)
+    capacities = stack_base(prefix) + "limits"
+    with pytest.raises(WeightAboveLimit) as raised:
+        lock("h1", weight=4).acquire(blocking=False)  # tenant a: 3 in the code
+    assert (raised.value.limit, raised.value.number, raised.value.weight) == ("tenant:a", 3, 4)
+    assert raised.value.name == lock("h1").name
+    assert "'tenant:a'" in str(raised.value)
+    client.hset(capacities, "global", 2)
+    began = time.monotonic()
+    with pytest.raises(WeightAboveLimit) as raised:
+        lock("h2", tenant="b", weight=3).acquire(timeout=60)  # blocking: refused, not waiting
+    assert time.monotonic() - began < 30  # well before its 60 s wait ran out
+    assert (raised.value.limit, raised.value.number) == ("global", 2)
+    with pytest.raises(WeightAboveLimit):
+        lock("h3", tenant="c", weight=3, limit=2).acquire(blocking=False)  # slots
+    client.hset(capacities, "tenant:e", 0)  # 0 is a pause: held back, not refused
+    paused = lock("h5", tenant="e", weight=2)  # fits global (2)
+    assert not paused.acquire(blocking=False)
+    assert paused.held_back_by == "tenant:e"
+    client.hset(capacities, mapping={"global": 9, "tenant:{tenant}": 5})
+    fits = lock("h4", tenant="d", weight=4)
+    assert fits.acquire(blocking=False)
+    for name in ("tenant:a", "tenant:b", "tenant:c"):
+        assert shares(client, prefix, name) == []
+    assert shares(client, prefix, "global") == [f"4:{fits.token}".encode()]
+    assert client.get(lock("h1").name) is None
+    fits.release()
+
+
+def test_a_waiter_refused_for_good_leaves_the_queue_and_the_lines(
+    client: redis.Redis, prefix: str
+) -> None:
+    """A blocking try waits for its held key; the number of its tenant is lowered below
+    its weight meanwhile, in Redis: when the key frees, its try is refused with
+    WeightAboveLimit, and it keeps no place in the key's queue nor in any limit's line."""
+    lock = make(client, prefix)
+    capacities = stack_base(prefix) + "limits"
+    holder = lock("k", weight=1)
+    assert holder.acquire(blocking=False)
+    crowd = lock("crowd", tenant="a", weight=2)
+    assert crowd.acquire(blocking=False)  # tenant a: 3 of 3 used
+    waiter = lock("k", weight=2)
+    caught: list[BaseException] = []
+
+    def wait() -> None:
+        try:
+            waiter.acquire(timeout=60)
+        except BaseException as exc:  # recorded for the test
+            caught.append(exc)
+
+    thread = threading.Thread(target=wait)
+    thread.start()
+    queue = companion_key(waiter.name, QUEUE)
+    deadline = time.monotonic() + 30
+    while not client.zcard(queue) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert client.zcard(queue) == 1  # it waits for the key
+    client.hset(capacities, "tenant:a", 1)
+    holder.release()
+    thread.join(timeout=60)
+    assert not thread.is_alive()
+    assert len(caught) == 1, caught
+    assert isinstance(caught[0], WeightAboveLimit), caught
+    assert caught[0].number == 1
+    assert client.zcard(queue) == 0
+    for name in ("tenant:a", "global"):
+        assert client.zcard(stack_base(prefix) + f"line:{name}") == 0
+    assert client.get(waiter.name) is None
+    crowd.release()

@@ -9,7 +9,15 @@ from hypothesis import given
 from hypothesis import strategies as st
 from redis.crc import key_slot
 
-from celery_singleton_lock import LockBackendError, LockError, LockNotOwned, TaskLocked
+from celery_singleton_lock import (
+    LockBackendError,
+    LockConnectionError,
+    LockError,
+    LockLost,
+    LockNotOwned,
+    TaskLocked,
+    WeightAboveLimit,
+)
 from celery_singleton_lock.engine.keyspace import companion_key
 from celery_singleton_lock.engine.value import MAX_EXACT, format_value, parse_value
 from celery_singleton_lock.exceptions import SingletonLockError
@@ -67,6 +75,9 @@ def test_name_with_unmatched_closing_brace_is_refused(name: str) -> None:
         LockError("boom", "k"),
         LockNotOwned("gone", "k"),
         LockBackendError("down", "k"),
+        LockConnectionError("down", "k"),
+        LockLost("lost", "k"),
+        WeightAboveLimit("csl:t:{x}", "tenant:7", 2, 3),
         TaskLocked("csl:t:{x}", "task-1"),
         TaskLocked("csl:t:{x}"),
     ],

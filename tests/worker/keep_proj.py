@@ -235,3 +235,23 @@ def fenced_writer(name: str, who: str, steps: int) -> str:
 def queued_once(name: str, value: int) -> int:
     """Queue scope: a task id runs once."""
     return record(name, value)  # type: ignore[no-any-return]
+
+
+@app.task(base=LockedTask, lock_keys=["name"], lock_timeout=2.0, lock_on_lost="raise")
+def lost_key_recorder(name: str) -> str:
+    """Waits (up to 60 s) for its lease to be taken away; records the lock name that the
+    ``LockLost`` raised in its body carries."""
+    from celery_singleton_lock import LockLost, current_lock  # noqa: PLC0415
+
+    lock = current_lock()
+    assert lock is not None
+    r = data()
+    r.rpush(f"started:{name}", lock.name)
+    try:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            time.sleep(0.05)
+    except LockLost as exc:
+        r.rpush(f"caught:{name}", repr(exc.name))
+        return "lost"
+    return "never lost"

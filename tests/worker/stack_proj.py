@@ -150,3 +150,34 @@ def export_parked(report: str, tenant: str, size: int = 1, seconds: float = 0.0)
 def weight_of(*args: Any, **kwargs: Any) -> int:
     """The weight export gives a call (for the tests)."""
     return _size_weight(*args, **kwargs)
+
+
+def _given_weight(report: str, tenant: str, weight: int = 1, seconds: float = 0.0) -> int:
+    """The weight the call names."""
+    del report, tenant, seconds
+    return weight
+
+
+@app.task(base=LockedTask, lock_keys=["report"], lock_on_conflict="wait", lock_wait=600,
+          lock_timeout=3, lock_limits=[("tenant:{tenant}", PER_TENANT), ("global:exports", IN_ALL)],
+          lock_weight=_given_weight)  # fmt: skip
+def export_weighing(report: str, tenant: str, weight: int = 1) -> str:
+    """Wait (up to 600 s) for room for the weight the call names."""
+    return _section(report, tenant, weight, 0.0)
+
+
+@app.task(base=LockedTask, lock_keys=["report"], lock_on_conflict="park", lock_timeout=3,
+          lock_limits=[("tenant:{tenant}", PER_TENANT), ("global:exports", IN_ALL)],
+          lock_weight=_given_weight)  # fmt: skip
+def export_weighing_parked(report: str, tenant: str, weight: int = 1, seconds: float = 0.0) -> str:
+    """Park until there is room for the weight the call names."""
+    return _section(report, tenant, weight, seconds)
+
+
+@app.task(base=LockedTask, lock_keys=["report"], lock_scope="queue", lock_on_conflict="raise",
+          lock_timeout=3,
+          lock_limits=[("tenant:{tenant}", PER_TENANT), ("global:exports", IN_ALL)],
+          lock_weight=_given_weight)  # fmt: skip
+def export_weighing_queued(report: str, tenant: str, weight: int = 1) -> str:
+    """Queue scope: the call holds its key from publish; its weight is taken at its run."""
+    return _section(report, tenant, weight, 0.0)

@@ -81,3 +81,21 @@ def test_under_warn_the_frozen_run_goes_on_and_every_write_is_refused(
     assert second.get(timeout=20) == "B"
     assert "A" not in _after_b(data, "lost-warn")
     assert data.llen("refused:lost-warn") >= 10
+
+
+@pytest.mark.parametrize("pool", ["prefork", "threads", "solo"])
+def test_the_lock_lost_raised_in_the_body_names_the_tasks_lock(
+    keep: ModuleType, data: redis.Redis, workers: Callable[..., CeleryWorker], pool: str
+) -> None:
+    """Whatever the pool (a signal on the main thread for prefork and solo, an asynchronous
+    exception in the pool thread for threads), the ``LockLost`` that a body catches carries
+    the name of the task's lock, once an operator deletes its key."""
+    workers(concurrency=2, app=APP, pool=pool)
+    name = f"lost-name-{pool}"
+    key = keep.lost_key_recorder.lock_key(name)
+    result = keep.lost_key_recorder.delay(name)
+    assert wait_for(lambda: data.lrange(f"started:{name}", 0, -1), timeout=30)
+    assert data.lrange(f"started:{name}", 0, -1) == [key]
+    data.delete(key)  # the lease is gone: the renewer finds the key taken away
+    assert result.get(timeout=60) == "lost"
+    assert data.lrange(f"caught:{name}", 0, -1) == [repr(key)]

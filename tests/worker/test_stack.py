@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 import redis
 
-from celery_singleton_lock import RedisLock, TaskLocked
+from celery_singleton_lock import RedisLock, TaskLocked, WeightAboveLimit
 from celery_singleton_lock.engine.stack import stack_base
 from celery_singleton_lock.explain import Explanation
 from celery_singleton_lock.runtime.locking import locking_for
@@ -141,7 +141,8 @@ def test_a_limit_that_holds_a_run_back_is_named(sp: ModuleType, data: redis.Redi
     """A raise-policy run whose key is free but whose tenant is full fails with TaskLocked
     naming that limit, its explanation lists every limit of the call (state "limited"), and
     lock_explain says the same before the call is made; a run of a free tenant is not
-    limited. (Eager runs in this process, on the real lock Redis.)"""
+    limited. (Eager runs in this process, on the real lock Redis; the call weighs 1, as a
+    weight above the tenant's number would be refused outright, WeightAboveLimit.)"""
     capacities = stack_base("csl") + "limits"
     data.hset(capacities, "tenant:t5", 1)
     holder = RedisLock(
@@ -152,17 +153,17 @@ def test_a_limit_that_holds_a_run_back_is_named(sp: ModuleType, data: redis.Redi
     )
     assert holder.acquire(blocking=False)
     try:
-        explanation = sp.export_or_raise.lock_explain("x", "t5", 500)
+        explanation = sp.export_or_raise.lock_explain("x", "t5")
         assert explanation.state == "limited"
         uses = {use.name: use for use in explanation.limits}
         assert uses["tenant:t5"].number == 1
         assert uses["tenant:t5"].source == "name"
         assert uses["tenant:t5"].used == 1
-        assert uses["tenant:t5"].weight == 2
+        assert uses["tenant:t5"].weight == 1
         assert not uses["tenant:t5"].fits
         assert uses["global:exports"].fits
         assert "Limit" in str(explanation)
-        result = sp.export_or_raise.apply(("x", "t5", 500))
+        result = sp.export_or_raise.apply(("x", "t5"))
         assert isinstance(result.result, TaskLocked)
         assert "tenant:t5" in str(result.result)
         assert result.result.task_id is None
@@ -312,3 +313,86 @@ def test_a_heavy_parked_call_is_not_starved_by_light_ones(
     order = data.lrange("order:t11", 0, -1)
     assert int(data.get("peak:t11") or 0) <= 2
     assert order.index("heavy") < len(order) - 10, order  # not left for the very end
+
+
+@pytest.mark.parametrize("task", ["export_weighing", "export_weighing_parked"])
+def test_a_weight_above_its_limits_number_fails_naming_the_limit(
+    sp: ModuleType, data: redis.Redis, workers: Any, task: str
+) -> None:
+    """Under "wait" (lock_wait 600 s) and "park", a run whose weight is above a limit's
+    number, as it applies (the code's 2 for tenant t20; 1 set in Redis for tenant t21),
+    fails at once with WeightAboveLimit naming the limit, its number and the weight, and
+    leaves no share, no place in a line and nothing parked; a weight that fits the number
+    set in Redis above the code's (5 for tenant t22) runs."""
+    workers(concurrency=2, app=APP)
+    export = getattr(sp, task)
+    base = stack_base("csl")
+    capacities = base + "limits"
+    data.hset(capacities, mapping={"tenant:t21": 1, "tenant:t22": 5})
+    try:
+        cases = [("t20", 3, 2), ("t21", 2, 1)]
+        for tenant, weight, number in cases:
+            result = export.delay(f"heavy-{tenant}", tenant, weight)
+            assert wait_for(lambda result=result: result.ready(), timeout=60), result.state
+            assert result.state == "FAILURE"
+            error = result.result
+            assert isinstance(error, WeightAboveLimit), repr(error)
+            assert (error.limit, error.number, error.weight) == (f"tenant:{tenant}", number, weight)
+            assert f"'tenant:{tenant}'" in str(error)
+            for limit in (f"tenant:{tenant}", "global:exports"):
+                assert data.zcard(base + f"limit:{limit}") == 0
+                assert data.zcard(base + f"line:{limit}") == 0
+            assert data.zcard(base + "held") == 0
+        assert export.delay("heavy-t22", "t22", 3).get(timeout=60) == "ran"
+        assert int(data.get("peak:t22") or 0) == 3
+        assert int(data.get("done") or 0) == 1  # the refused runs never ran
+    finally:
+        data.delete(capacities)
+
+
+def test_a_refused_weight_gives_back_the_key_it_was_handed(
+    sp: ModuleType, data: redis.Redis, workers: Any
+) -> None:
+    """A run refused for its weight gives back the key it held when it started: one parked
+    behind a running call of its report (handed the key when that call ends), and a
+    queue-scope one (holding its key from publish). Once it has failed, its key is free."""
+    workers(concurrency=2, app=APP)
+    first = sp.export_weighing_parked.delay("handed", "t23", 1, 2.0)
+    assert wait_for(lambda: int(data.get("in:t23") or 0) == 1, timeout=30)
+    heavy = sp.export_weighing_parked.delay("handed", "t23", 3)
+    assert wait_for(lambda: heavy.state == "PARKED", timeout=30)
+    assert first.get(timeout=30) == "ran"
+    assert wait_for(heavy.ready, timeout=60), heavy.state
+    assert isinstance(heavy.result, WeightAboveLimit), repr(heavy.result)
+    key = locking_for(sp.export_weighing_parked).key(("handed", "t23", 3), {})
+    assert data.get(key) is None
+    queued = sp.export_weighing_queued.delay("queued", "t24", 3)
+    assert wait_for(queued.ready, timeout=60), queued.state
+    assert isinstance(queued.result, WeightAboveLimit), repr(queued.result)
+    key = locking_for(sp.export_weighing_queued).key(("queued", "t24", 3), {})
+    assert data.get(key) is None
+
+
+def test_a_held_back_call_whose_limit_is_lowered_below_its_weight_fails(
+    sp: ModuleType, data: redis.Redis, workers: Any
+) -> None:
+    """Park: a weight-2 call held back by its full tenant (number 2) waits in the lock
+    Redis; the tenant is lowered to 1 meanwhile, so it could never get in: once the running
+    call ends, it is published and fails with WeightAboveLimit instead of staying PARKED."""
+    workers(concurrency=2, app=APP)
+    base = stack_base("csl")
+    capacities = base + "limits"
+    first = sp.export_weighing_parked.delay("a", "t25", 2, 2.0)
+    assert wait_for(lambda: int(data.get("in:t25") or 0) == 2, timeout=30)
+    held = sp.export_weighing_parked.delay("b", "t25", 2)
+    assert wait_for(lambda: held.state == "PARKED", timeout=30)
+    data.hset(capacities, "tenant:t25", 1)
+    try:
+        assert first.get(timeout=30) == "ran"
+        assert wait_for(held.ready, timeout=60), held.state
+        assert isinstance(held.result, WeightAboveLimit), repr(held.result)
+        assert (held.result.limit, held.result.number) == ("tenant:t25", 1)
+        assert data.zcard(base + "held") == 0
+        assert data.zcard(base + "line:tenant:t25") == 0
+    finally:
+        data.delete(capacities)

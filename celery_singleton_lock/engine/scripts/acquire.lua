@@ -17,6 +17,9 @@
 --         {0, ms until the holder's lease ends (>= 1)} when held by someone else,
 --         {0, ms until a share of it ends (>= 1), limit name} when the key is free (or
 --         ours) but the weight does not fit in that limit
+--         {0, 0, limit name, its number, the weight} when the key is free (or ours) but the
+--         weight is above that limit's number (not 0: a pause): it can never fit, so the
+--         try is refused (the caller leaves the waiters' queue and its limits' lines)
 --@include clock
 --@include lease
 --@include value
@@ -82,8 +85,13 @@ if current then
   end
 end
 if stack then
-  local limit, wait = stack_blocked(stack, ARGV[1], now, now_us,
+  local limit, wait, heavy, number = stack_blocked(stack, ARGV[1], now, now_us,
     ARGV[4] ~= 'x' and tonumber(ARGV[5]) + ${WAITER_SLACK_MS} or nil, claim)
+  if heavy then
+    if ARGV[4] == '1' then leave(base(KEYS[1]), KEYS[2], ARGV[1]) end
+    stack_unline(stack, ARGV[1], claim)
+    return {0, 0, heavy, number, stack.w}
+  end
   if limit then return {0, wait, limit} end
 end
 redis.call('SET', KEYS[1], format_value(expiry, flag, ARGV[1], fence, ARGV[3]), 'PX', ttl)

@@ -14,6 +14,9 @@
 --         {0, ms until the first held slot's lease ends (>= 1)} when every slot is held,
 --         {0, ms until a share of it ends (>= 1), limit name} when a slot is free (or
 --         ours) but the weight does not fit in that limit
+--         {0, 0, limit name, its number, the weight} when a slot is free (or ours) but the
+--         weight is above that limit's number (not 0: a pause): it can never fit, so the
+--         try is refused (the caller leaves the waiters' queue and its limits' lines)
 -- The highest fencing token issued across the slots is kept in <base>${K_FENCE}.
 -- The cost does not grow with N: the slot index (lib/slots.lua) names the candidates, in
 -- O(log N) each: our own (or the claimed) slot, then the lowest-numbered free slot, then
@@ -167,8 +170,13 @@ end
 -- a corrected (perhaps recreated) index outlives the leases it now knows of
 if corrected > 0 then keep_index(b, key_ttl(corrected)) end
 if take and stack then
-  local limit, wait = stack_blocked(stack, token, now, now_us,
+  local limit, wait, heavy, number = stack_blocked(stack, token, now, now_us,
     ARGV[4] ~= 'x' and tonumber(ARGV[5]) + ${WAITER_SLACK_MS} or nil, claim)
+  if heavy then
+    if ARGV[4] == '1' then leave(b, KEYS[2], token) end
+    stack_unline(stack, token, claim)
+    return {0, 0, heavy, number, stack.w}
+  end
   if limit then return {0, wait, limit} end
 end
 if take then

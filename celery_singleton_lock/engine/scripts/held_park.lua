@@ -10,7 +10,8 @@
 -- it claims with, ARGV[8] how long its places in the lines are kept (ms), ARGV[9] '1': wake
 -- a worker's sweep (its due time may come before the one a sweep waits for)
 -- returns {1, the first limit it does not fit in, or ''}: held back
---         {0}: it fits now (nothing is kept: try again at once)
+--         {0}: it fits now, or its weight is above a limit's number, so it never will
+--         (nothing is kept: try again at once; that acquire refuses it for good)
 --@include clock
 --@include stack
 local now, now_us = clock()

@@ -4,7 +4,9 @@
 -- publish it died, or its message was lost) is handed out again; a call due (its window
 -- opened, or held back by a limit) whose stack now fits, with room left for the waiters
 -- ahead of it in each line, is handed out to be published, its places kept while its
--- message travels; one that still does not fit keeps its places.
+-- message travels; one that still does not fit keeps its places. A call whose weight is
+-- now above a limit's number (it was lowered) is handed out too: it never fits, and its
+-- run's acquire refuses it for good.
 -- KEYS[1] <sb>${S_HELD}, KEYS[2] <sb>${S_HELD_CALLS}, KEYS[3] <sb>${S_HELD_OUT}
 -- ARGV[1] how long a handed-out call may take to start (ms), ARGV[2] how long the places of
 -- a call that still does not fit are kept (ms), ARGV[3] how long those of a call handed out

@@ -5,8 +5,9 @@
 -- ever; its next acquire (claiming with that token) takes its place up.
 -- KEYS[1] the lock key (it carries the stack's hash tag: the script runs on its node)
 -- ARGV[1] the stack spec, ARGV[2] the place token, ARGV[3] keep ms
--- returns the name of the first limit it does not fit in, or '' when it fits now (its
--- place is then not taken: it should try again at once)
+-- returns the name of the first limit it does not fit in, or '' when it fits now, or its
+-- weight is above a limit's number, so it never will (its place is then not taken: it
+-- should try again at once, and that acquire refuses it for good)
 --@include clock
 --@include stack
 local now, now_us = clock()

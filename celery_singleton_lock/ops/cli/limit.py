@@ -27,7 +27,7 @@ from celery_singleton_lock.ops.limits import (
     code_limits,
     has_fields,
     name_problem,
-    read_limits,
+    read_limits_reading,
     set_limit,
     templates_of,
     unset_limit,
@@ -149,14 +149,19 @@ def limit_list(ctx: click.Context, as_json: bool) -> None:
     One row per limit or template: the number in the code (CODE), the number set in Redis
     by that exact name (SET), the number runs meet now (APPLIES: by name, then template,
     then code), the weight its live shares hold (IN USE) and how many there are (HOLDS),
-    on the Redis server's clock, and the tasks whose lock_limits have it.
+    on the Redis server's clock, and the tasks whose lock_limits have it. A key there that
+    holds a value of another type is named in a warning on stderr (and in the problems of
+    its rows; ? in the cells it leaves unknown); the rest is still shown (exit status 0).
     """
     app = _app(ctx)
     settings = _settings(app)
     client = _client(app, settings)
     code = code_limits(app)
     with _redis_errors(settings.url):
-        rows = read_limits(client, settings.prefix, code)
+        reading = read_limits_reading(client, settings.prefix, code)
+    rows = reading.rows
+    for problem in reading.problems:
+        click.echo(f"warning: {problem}", err=True)
     if as_json:
         click.echo(json.dumps([row.as_json() for row in rows], indent=2))
         return

@@ -20,6 +20,10 @@
 -- or not, leaves room for the weight of the waiters ahead of it (the first ${STACK_AHEAD}
 -- of the line, those whose weight can fit at all): so light runs that keep coming never
 -- pass a heavy one for ever; it gets in once the shares ahead of it drain.
+-- A weight above a limit's number (as it applies now) could never get in, however long it
+-- waited: stack_blocked says so apart from "no room now", before the caller joins any line,
+-- and the acquire scripts refuse such a try for good. A number of 0 is a pause (every new
+-- run is held back until it is raised), never a refusal.
 
 --@include holdback
 
@@ -104,13 +108,33 @@ local function stack_ahead(limit, number, arrival, now)
   return ahead
 end
 
+-- stack_unline(spec, token, place token or nil): the caller's places in its limits' lines
+-- go (a try refused for good waits no more)
+local function stack_unline(spec, token, place_token)
+  local members = {spec.w .. ':' .. token, spec.w .. ':' .. (place_token or token)}
+  for _, limit in ipairs(spec.l) do
+    if limit[6] then
+      redis.call('ZREM', limit[6], unpack(members))
+      redis.call('HDEL', limit[6] .. ':alive', unpack(members))
+    end
+  end
+end
+
 -- stack_blocked(spec, token, now, now us, keep ms or nil, place token or nil) -> nil when
 -- the weight fits in every limit, with room left for the waiters ahead; else the name of
 -- the first limit it does not fit in and the ms until a share of it ends (>= 1; 1000 when
 -- nothing held there will end). With keep (a try that will wait), the caller joins the
 -- line of every limit it does not fit in, its place kept keep ms, under the place token
 -- (a call that comes back as another delivery keeps it: its claim) or its own.
+-- A weight above a limit's number (other than 0, a pause) can never fit: then nil, nil,
+-- the name of the first such limit and its number, and the caller joins no line (to a caller that reads only
+-- the first value, such a call "fits now": it goes on to its acquire, which refuses it).
 local function stack_blocked(spec, token, now, now_us, keep, place_token)
+  local numbers = {}
+  for i, limit in ipairs(spec.l) do
+    numbers[i] = stack_number(spec, limit)
+    if numbers[i] > 0 and spec.w > numbers[i] then return nil, nil, limit[2], numbers[i] end
+  end
   local mine = spec.w .. ':' .. token
   local place = spec.w .. ':' .. (place_token or token)
   local arrival = now_us  -- when it first waited, in any of its limits' lines
@@ -121,9 +145,9 @@ local function stack_blocked(spec, token, now, now_us, keep, place_token)
     end
   end
   local blocked, wait = nil, nil
-  for _, limit in ipairs(spec.l) do
+  for i, limit in ipairs(spec.l) do
     local used, soonest = stack_used(limit[1], now, mine)
-    local number = stack_number(spec, limit)
+    local number = numbers[i]
     if used + spec.w + stack_ahead(limit, number, arrival, now) > number then
       if not blocked then
         blocked, wait = limit[2], soonest and math.max(1, soonest - now) or 1000
