@@ -18,6 +18,7 @@ import redis
 from celery import Celery
 
 from celery_singleton_lock import LockedTask, current_lock, metrics, signals
+from celery_singleton_lock.modes.throttle import starts_key
 
 URL = os.environ.get("CSL_MODES_URL", "redis://127.0.0.1:6399/0")
 
@@ -84,12 +85,25 @@ def body(task: Any, name: str, seconds: float) -> None:
 # -- the throttle ----------------------------------------------------------------------
 
 
+def admitted(task: Any, name: str, *args: Any) -> None:
+    """Copy this run's admission from the throttle's starts set (a member
+    ``<task id>:<s>.<us>`` scored in server ms) to the hash ``admitted-at:<name>``: the tests
+    judge the rate on the server's clock, not on when the bodies wrote their ledger."""
+    r = data()
+    mine = f"{task.request.id}:".encode()
+    key = starts_key(task.lock_key(name, *args))
+    for member, score in r.zrange(key, 0, -1, withscores=True):
+        if member.startswith(mine):
+            r.hset(f"admitted-at:{name}", member, int(score))
+
+
 @app.task(
     name="modes.rate_retry", base=LockedTask, bind=True, lock_keys=["name"],
     lock_rate_limit="3/s", lock_on_conflict="retry", lock_retry_delay=0.1, max_retries=None,
 )  # fmt: skip
 def rate_retry(self: Any, name: str, n: int) -> int:
     """At most 3 starts per second per name, across every worker; over it, retry."""
+    admitted(self, name, n)
     body(self, name, 0.02)
     return n
 
@@ -110,6 +124,7 @@ def rate_skip(self: Any, name: str) -> str:
 )  # fmt: skip
 def rate_wait(self: Any, name: str) -> str:
     """One start per second per name; over it, wait for the next free start (5 s at most)."""
+    admitted(self, name)
     body(self, name, 0.02)
     return "ran"
 
@@ -130,6 +145,7 @@ def rate_raise(self: Any, name: str) -> str:
 )  # fmt: skip
 def rate_queue(self: Any, name: str) -> str:
     """Queue scope throttles starts too: over the rate, the message retries holding its key."""
+    admitted(self, name)
     body(self, name, 0.02)
     return str(self.request.id)
 
