@@ -187,9 +187,10 @@ def renewing(name: str, seconds: float = 4.0) -> str:
     return "ran"
 
 
-@app.task(base=LockedTask, lock_timeout=2.0, lock_on_conflict="wait", lock_wait=30)
+@app.task(base=LockedTask, lock_keys=["name"], lock_timeout=2.0, lock_on_conflict="wait",
+          lock_wait=30)  # fmt: skip
 def crashy(name: str, seconds: float = 60.0) -> str:
-    """Runs long enough to be killed mid-run."""
+    """Runs long enough to be killed mid-run (one lock per name, whatever ``seconds``)."""
     section(name, seconds)
     return "ran"
 
