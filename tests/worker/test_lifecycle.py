@@ -94,12 +94,19 @@ def test_sigkilled_child_lock_is_freed_by_the_parent(
 def test_renewal_keeps_a_long_run_exclusive(
     proj: ModuleType, data: redis.Redis, workers: Any
 ) -> None:
-    """A 4 s body with a 1 s lease keeps its lock: a duplicate 2 s in is skipped."""
+    """A 6 s body with a 1 s lease keeps its lock: a duplicate sent once the first lease
+    has ended on the server's clock (so only renewal can be keeping the key) is skipped.
+    The duplicate is sent about 1 s in, leaving the first run 5 s to be still running."""
     workers(concurrency=2)
-    first = proj.renewing.delay("n1", 4.0)
+    first = proj.renewing.delay("n1", 6.0)
     assert wait_for(lambda: data.llen("events:n1") >= 1, timeout=20)
-    time.sleep(2.0)
-    duplicate = proj.renewing.delay("n1", 4.0)
+    key = proj.renewing.lock_key("n1", 6.0)
+    taken = data.get(key)
+    assert taken is not None
+    first_lease_ends = parse_value(taken).expiry_ms
+    assert first_lease_ends is not None
+    assert wait_for(lambda: _server_ms(data) > first_lease_ends, timeout=30)
+    duplicate = proj.renewing.delay("n1", 6.0)
     assert duplicate.get(timeout=20) is None
     assert first.get(timeout=20) == "ran"
     assert data.get("overlaps:n1") is None
