@@ -65,9 +65,15 @@ for _signal in (
     _signal.connect(_record, weak=False, dispatch_uid=f"modes.record.{_signal.name}")
 
 
+def gate_key(name: str) -> str:
+    """The key a test sets to end the bodies of ``name`` that wait for it."""
+    return f"gate:{name}"
+
+
 def body(task: Any, name: str, seconds: float) -> None:
     """The ledger of a run of ``name``: its start (wall time, worker, pid, whether a lock is
-    held), ``inside`` / ``overlaps`` counters, and its end after ``seconds``."""
+    held), ``inside`` / ``overlaps`` counters, and its end after ``seconds`` (a negative
+    number: once the test sets :func:`gate_key`, 60 s at most)."""
     r = data()
     lock = current_lock()
     started = {
@@ -77,7 +83,12 @@ def body(task: Any, name: str, seconds: float) -> None:
     if r.incr(f"inside:{name}") > 1:
         r.incr(f"overlaps:{name}")
     r.rpush(f"starts:{name}", json.dumps(started))
-    time.sleep(seconds)
+    if seconds >= 0:
+        time.sleep(seconds)
+    else:
+        deadline = time.monotonic() + 60
+        while not r.exists(gate_key(name)) and time.monotonic() < deadline:
+            time.sleep(0.02)
     r.rpush(f"ends:{name}", json.dumps({"at": time.time(), "task_id": task.request.id}))
     r.decr(f"inside:{name}")
 
