@@ -61,7 +61,7 @@ def test_a_steady_stream_still_runs_by_max_wait(
         value += 1
         proj.debounced_capped.delay("stream", value)
         time.sleep(0.1)
-    assert wait_for(lambda: len(_runs(data, "stream")) >= 4, timeout=10)
+    assert wait_for(lambda: len(_runs(data, "stream")) >= 4, timeout=30)
     time.sleep(1.0)
     runs = _runs(data, "stream")
     assert 3 <= len(runs) <= 6

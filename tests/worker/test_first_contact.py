@@ -237,7 +237,7 @@ def test_per_call_lock_retry_delay(
     time.sleep(1.0)
     assert data.llen("probe:d") == 0
     lock.release()
-    report = result.get(timeout=10)
+    report = result.get(timeout=30)
     assert report["retries"] >= 1
 
 

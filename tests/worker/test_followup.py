@@ -161,7 +161,7 @@ def test_replace_supersedes_a_queued_call(
     assert old.state == "REVOKED"
     worker = workers(concurrency=2)
     assert new.get(timeout=30) == 2
-    assert wait_for(lambda: f"not run: superseded by {new.id}" in worker.log(), timeout=10)
+    assert wait_for(lambda: f"not run: superseded by {new.id}" in worker.log(), timeout=30)
     assert _values(data, "rq") == [2]
     assert old.state == "REVOKED"
 
@@ -188,7 +188,7 @@ def test_replace_running_revokes_the_holder(
     assert wait_for(lambda: _values(data, "rv") == [1], timeout=30)
     second = proj.replaced_running.delay("rv", 0.0, 2)
     assert second.get(timeout=30) == 2
-    assert wait_for(lambda: first.state == "REVOKED", timeout=10)
+    assert wait_for(lambda: first.state == "REVOKED", timeout=30)
     fences = [int(fence) for fence in data.lrange("fences:rv", 0, -1)]
     assert fences == sorted(fences)
     assert len(set(fences)) == 2

@@ -169,7 +169,7 @@ def test_warm_shutdown_releases_as_the_task_ends(
     assert _lock_keys(data, "skippy")
     os.kill(worker.pid, signal.SIGTERM)
     worker.process.wait(timeout=30)
-    assert result.get(timeout=10) == "ran"
+    assert result.get(timeout=30) == "ran"
     assert not _lock_keys(data, "skippy")
 
 
@@ -198,7 +198,7 @@ def test_terminated_child_that_keeps_running_keeps_its_lock(
     first = proj.stubborn.delay("stub", 4.0)
     assert wait_for(lambda: data.llen("events:stub") >= 1, timeout=20)
     proj.app.control.revoke(first.id, terminate=True)
-    assert wait_for(lambda: data.llen("sigterm:stub") >= 1, timeout=10)
+    assert wait_for(lambda: data.llen("sigterm:stub") >= 1, timeout=30)
     time.sleep(0.5)  # the parent has had its chance to release early
     duplicate = proj.stubborn.delay("stub", 0.2)
     duplicate.get(timeout=20)
@@ -225,6 +225,6 @@ def test_a_run_has_released_its_key_when_its_result_is_stored(
         assert result.get(timeout=20) == "ran"
         ids.append(result.id)
     assert len(set(ids)) == 10
-    assert wait_for(lambda: data.llen(f"held-at-success:{name}") == 10, timeout=10)
+    assert wait_for(lambda: data.llen(f"held-at-success:{name}") == 10, timeout=30)
     assert data.lrange(f"held-at-success:{name}", 0, -1) == ["0"] * 10
     assert sum(1 for e in data.lrange(f"events:{name}", 0, -1) if e.startswith("start")) == 10
