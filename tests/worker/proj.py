@@ -389,7 +389,9 @@ def limited_queued(self: Any, name: str, index: int = 0) -> str:
 
 
 def _follow_section(name: str, seconds: float, value: int) -> int:
-    """Record a run of ``name`` (its value, its fencing token, and any overlap)."""
+    """Record a run of ``name`` (its value, its fencing token, and any overlap); then sleep
+    ``seconds``, or with a negative number until the test sets ``gate:<name>`` (60 s at
+    most), so a test orders calls by its own moves, not by a body's length."""
     r = data()
     lock = current_lock()
     if r.incr(f"inside:{name}") > 1:
@@ -399,7 +401,12 @@ def _follow_section(name: str, seconds: float, value: int) -> int:
         record.rpush(f"fences:{name}", lock.fencing_token if lock is not None else -1)
         record.rpush(f"pids:{name}", os.getpid())
         record.execute()
-    time.sleep(seconds)
+    if seconds >= 0:
+        time.sleep(seconds)
+    else:
+        deadline = time.monotonic() + 60
+        while not r.exists(f"gate:{name}") and time.monotonic() < deadline:
+            time.sleep(0.02)
     r.decr(f"inside:{name}")
     return value
 

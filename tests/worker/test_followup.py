@@ -39,7 +39,7 @@ def test_hundred_concurrent_calls_publish_one_follow_up(
 
     lock_coalesced.connect(on_coalesced, weak=False, dispatch_uid="test.coalesced")
     workers(concurrency=2)
-    first = proj.coalesced.delay("c100", 2.0, 0)
+    first = proj.coalesced.delay("c100", -1, 0)  # runs until the gate opens, below
     assert wait_for(lambda: _values(data, "c100") == [0], timeout=30)
     ids: list[str] = []
     guard = threading.Lock()
@@ -58,6 +58,7 @@ def test_hundred_concurrent_calls_publish_one_follow_up(
     assert len(ids) == 100
     assert len(set(ids)) == 1
     follow_up = proj.coalesced.AsyncResult(ids[0])
+    data.set("gate:c100", 1, ex=600)  # all 100 calls were made while the first ran
     assert first.get(timeout=30) == 0
     value = follow_up.get(timeout=30)
     time.sleep(0.5)
