@@ -59,19 +59,18 @@ def test_clears_only_matching_locks_of_this_app(app: Celery, client: redis.Redis
 
 def test_a_waiter_is_not_left_behind(app: Celery, client: redis.Redis) -> None:
     """Clearing a lock with a blocked waiter wakes it: it takes the lock at once, not at
-    its next fallback poll (5 s here)."""
+    its next fallback poll (60 s here) nor at the cleared hold's lease end (30 s): both lie
+    beyond its 20 s acquire timeout, so getting in at all proves the wake-up."""
     key = f"{app.conf.singleton_lock_prefix}:jobs.one:{{x}}"
     _hold(client, key)
-    waiter = RedisLock(client, key, timeout=30, fallback_poll=5)
+    waiter = RedisLock(client, key, timeout=30, fallback_poll=60)
     got: list[bool] = []
     thread = threading.Thread(target=lambda: got.append(waiter.acquire(timeout=20)))
     thread.start()
     time.sleep(0.3)
-    cleared_at = time.monotonic()
     assert clear_locks(app, "jobs.*") == 1
-    thread.join(timeout=25)
+    thread.join(timeout=30)
     assert got == [True]
-    assert time.monotonic() - cleared_at < 2.5
     waiter.release()
     assert client.pttl(companion_key(key, "signal")) > 0 or not client.exists(
         companion_key(key, "signal")

@@ -119,10 +119,11 @@ def test_a_free_key_as_text_and_json(cli: Cli, client: redis.Redis) -> None:
         "State": ["free"],
         "Holder": ["nobody"],
     }
+    before = _server_s(client)
     found = _explain(cli, "shop.buy", '"sku-1"', "--kwargs", '{"user_id": 7}')
-    now = client.time()
+    after = _server_s(client)
     assert found["key"] == key
-    assert abs(found["now"] - (now[0] + now[1] / 1e6)) < 5
+    assert before <= found["now"] <= after  # the server's clock, read while it explained
     assert {name: value for name, value in found.items() if name != "now"} == {
         "key": key,
         "task": "shop.buy",
@@ -188,7 +189,8 @@ def test_the_holder_and_the_waiters_in_turn_order(
         )  # fmt: skip
         assert held["fence"] == holder.fencing_token
         assert held["since"] == pytest.approx(held["fence"] / 1e6)
-        assert 0 < held["lease_left"] <= 30
+        # what is left of the 30 s lease taken at "since", by the server's clock
+        assert held["lease_left"] == pytest.approx(held["since"] + 30 - found["now"], abs=0.01)
         assert held["lease"] == 30.0
         assert held["renewed"] is None
         assert found["waiting"] == 2
@@ -213,7 +215,13 @@ def _queued(client: redis.Redis, key: str, count: int) -> bool:
     return int(client.zcard(companion_key(key, "queue"))) == count
 
 
-def _wait(check: Callable[[], bool], timeout: float = 10.0) -> bool:
+def _server_s(client: redis.Redis) -> float:
+    """The server's clock, in seconds (the clock explain reports on)."""
+    seconds, micros = client.time()  # type: ignore[misc]
+    return int(seconds) + int(micros) / 1e6
+
+
+def _wait(check: Callable[[], bool], timeout: float = 30.0) -> bool:
     deadline = time.monotonic() + timeout
     while not check():
         if time.monotonic() > deadline:
@@ -230,9 +238,11 @@ def test_an_expired_hold_and_a_lapsed_waiter(cli: Cli, client: redis.Redis) -> N
     info = {"task_id": "t-crashed", "task": "shop.buy", "host": "box-1", "pid": 99}
     crashed = RedisLock(client, key, timeout=0.2, holder_info=info)
     assert crashed.acquire(blocking=False)
+    taken = _server_s(client)
     crashed.detach()  # never released: its key outlives its lease by a grace period,
-    time.sleep(0.3)
-    client.pexpire(key, 30_000)  # here long enough for two commands
+    assert client.pexpire(key, 30_000)  # here long enough for two commands
+    # until the 0.2 s lease has ended by the server's clock (bounded: 60 s)
+    assert _wait(lambda: _server_s(client) > taken + 0.2, timeout=60)
     found = _explain(cli, "shop.buy", '"sku-4"', "1")
     assert (found["state"], found["states"]) == ("free", [])
     (held,) = found["holders"]
@@ -286,16 +296,21 @@ def test_parked_calls_with_positions_and_a_pending_follow_up(
     assert line.endswith(": runs when the holder ends")
 
 
-def test_a_debounce_burst_and_its_due_time(cli: Cli, publish: Callable[[str], Any]) -> None:
+def test_a_debounce_burst_and_its_due_time(
+    cli: Cli, publish: Callable[[str], Any], client: redis.Redis
+) -> None:
     """Two calls 30 s apart at most form one burst: debouncing, two calls, due 30 s after
-    the last (the bodies never run: no worker)."""
+    the last (the bodies never run: no worker). Times on the server's clock: the last call
+    was made between ``before`` and ``after``."""
+    before = _server_s(client)
     ids = publish("print(json.dumps([reindex.delay('s1').id, reindex.delay('s1').id]))")
+    after = _server_s(client)
     assert ids[0] == ids[1]  # every call of a burst gets its task id
     found = _explain(cli, "shop.reindex", '"s1"')
     assert (found["state"], found["states"]) == ("debouncing", ["debouncing"])
     burst = found["debounce"]
     assert (burst["task_id"], burst["calls"], burst["state"]) == (ids[0], 2, "open")
-    assert 25 < burst["due_in"] <= 30
+    assert before + 30 - 0.002 <= burst["due"] <= after + 30 + 0.002  # ms rounding
     assert burst["due"] == pytest.approx(found["now"] + burst["due_in"], abs=0.01)
     assert burst["first_call"] <= found["now"]
     (line,) = _lines(cli, "shop.reindex", '"s1"')["Debounce"]
@@ -306,15 +321,19 @@ def test_a_throttled_key_and_its_next_free_start(cli: Cli, client: redis.Redis) 
     """Two starts recorded in the window of a "2/m" key (as two runs record them):
     throttled, 2 of 2, the next start free about a minute later."""
     key = _key(cli, "shop.sync", ["acme"])
+    before = _server_s(client)
     for run in ("run-1", "run-2"):
         assert atomic.throttle(client, key, limit=2, window_ms=60_000, member=run) is None
+    after = _server_s(client)
     found = _explain(cli, "shop.sync", '"acme"')
     assert (found["state"], found["states"]) == ("throttled", ["throttled"])
     throttle = found["throttle"]
     assert {name: throttle[name] for name in ("rate", "limit", "window", "count")} == {
         "rate": "2/m", "limit": 2, "window": 60.0, "count": 2
     }  # fmt: skip
-    assert 55 < throttle["next_start_in"] <= 60
+    # the next free start: a minute after run-1's start (server clock, ms rounding)
+    frees = found["now"] + throttle["next_start_in"]
+    assert before + 60 - 0.002 <= frees <= after + 60 + 0.002
     (line,) = _lines(cli, "shop.sync", '"acme"')["Throttle"]
     assert line.startswith("2 of 2 starts (2/m) in the last 60s; next free start in ")
     other = _explain(cli, "shop.sync", '"globex"')  # another key, another window

@@ -77,11 +77,13 @@ def app(redis_server: RedisServer, prefix: str) -> Celery:
 
 @pytest.fixture
 def take(client: redis.Redis, app: Celery) -> Iterator[Take]:
-    """``take(task, *args, timeout=30, **kwargs)``: hold the lock and the limit shares of a
-    run of ``task`` with those arguments, as the worker takes them; released after."""
+    """``take(task, *args, timeout=600, **kwargs)``: hold the lock and the limit shares of a
+    run of ``task`` with those arguments, as the worker takes them; released after. The
+    lease outlasts any number of slow CLI calls (a 30 s one could end during a few of them
+    on a loaded machine)."""
     held: list[RedisLock] = []
 
-    def hold(task: str, *args: Any, timeout: float = 30.0, **kwargs: Any) -> RedisLock:
+    def hold(task: str, *args: Any, timeout: float = 600.0, **kwargs: Any) -> RedisLock:
         found = app.tasks[task]
         locking = locking_for(found)
         assert locking is not None
@@ -187,11 +189,11 @@ def test_expired_shares_do_not_count(
     member = f"1:{lapsed.token}"
     ends = client.zscore(shares, member)
     assert ends is not None
-    deadline = time.monotonic() + 10
+    deadline = time.monotonic() + 30
     while server_time(client)[0] <= ends:  # wait for the lease's end on the server clock
         assert time.monotonic() < deadline
         time.sleep(0.05)
-    client.zadd(shares, {"odd-member": server_time(client)[0] + 60_000})
+    client.zadd(shares, {"odd-member": server_time(client)[0] + 600_000})
 
     rows = table(cli("list").stdout)
 

@@ -166,7 +166,7 @@ def test_apply_beside_a_queued_message_that_a_worker_then_runs(
     tasks = (compat_proj.o_sleep, compat_proj.o_unlock)
     waiting = [task.apply_async(args=(name, 0.0), queue=queue) for task in tasks]
     for task, message in zip(tasks, waiting, strict=True):
-        assert task.apply(args=(name, 0.0)).get(timeout=10) == name
+        assert task.apply(args=(name, 0.0)).get(timeout=30) == name
         assert holder_id(db(2), task.lock_key(name, 0.0)) == message.id
     runs = db(3).lrange(f"events:{name}", 0, -1)
     assert sum(run.startswith("start") for run in runs) == 2
@@ -174,7 +174,7 @@ def test_apply_beside_a_queued_message_that_a_worker_then_runs(
     start_worker(queue)
     for task, message in zip(tasks, waiting, strict=True):
         assert message.get(timeout=30) == name
-        assert wait_for(lambda t=task: holder_id(db(2), t.lock_key(name, 0.0)) is None, 5)
+        assert wait_for(lambda t=task: holder_id(db(2), t.lock_key(name, 0.0)) is None, 30)
     runs = db(3).lrange(f"events:{name}", 0, -1)
     assert sum(run.startswith("start") for run in runs) == 4
 

@@ -321,8 +321,8 @@ def test_quick_start_works_called_directly_and_eagerly(redis_url: str) -> None:
         app.conf.task_always_eager = True
         previous = get_current_app()
         try:
-            token = buy.delay("sku-42", 2).get(timeout=10)
-            sold_out = buy.delay("sku-42", 3).get(timeout=10)
+            token = buy.delay("sku-42", 2).get(timeout=30)
+            sold_out = buy.delay("sku-42", 3).get(timeout=30)
         finally:
             _set_current_app(previous)
         assert isinstance(token, int)

@@ -92,7 +92,7 @@ def _alive(pid: int) -> bool:
 @pytest.mark.skipif(sys.platform != "linux", reason="reads /proc")
 def test_ctrl_c_stops_every_process_the_demo_started() -> None:
     """SIGINT to the demo's process group (what a terminal's Ctrl-C does) mid-sale: it
-    exits with 130 within 15 s and none of its redis-server and worker processes survive.
+    exits with 130 (within 60 s) and none of its redis-server and worker processes survive.
 
     The demo starts with SIGINT at its default, as a job in the foreground of a terminal
     does: a suite launched from a non-interactive shell with ``&`` inherits SIGINT ignored,
@@ -114,13 +114,14 @@ def test_ctrl_c_stops_every_process_the_demo_started() -> None:
         os.killpg(process.pid, signal.SIGINT)
         interrupted = time.monotonic()
         try:
-            process.wait(timeout=15)
+            process.wait(timeout=60)
         except subprocess.TimeoutExpired:
             time.sleep(0.5)
             while not lines.empty():
                 output.append(lines.get())
-            pytest.fail(f"still running 15 s after SIGINT; it printed:\n{''.join(output)}")
-        assert time.monotonic() - interrupted < 15
+            pytest.fail(f"still running 60 s after SIGINT; it printed:\n{''.join(output)}")
+        # it stopped on the SIGINT (bounded generously: a busy machine stops slowly)
+        assert time.monotonic() - interrupted < 60
     finally:
         if process.poll() is None:  # the test failed: clean up what the demo could not
             os.killpg(process.pid, signal.SIGKILL)

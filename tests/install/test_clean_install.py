@@ -56,6 +56,7 @@ def _clean_env(**extra: str) -> dict[str, str]:
     return env
 
 
+@pytest.mark.timeout(2 * INSTALL_TIMEOUT)  # pip installs: pytest's 120 s is too short under load
 def test_plain_install_runs_a_prefork_worker_on_a_redis_broker(clone: Path, tmp_path: Path) -> None:
     venv = tmp_path / "venv"
     subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=120)
@@ -154,6 +155,7 @@ def path_without_redis(tmp_path: Path) -> str:
     return str(shim)
 
 
+@pytest.mark.timeout(2 * INSTALL_TIMEOUT)  # pip installs: pytest's 120 s is too short under load
 def test_readme_demo_runs_from_a_clean_clone_with_the_embedded_server(
     clone: Path, path_without_redis: str
 ) -> None:

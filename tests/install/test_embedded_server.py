@@ -34,10 +34,10 @@ def test_lock_works_on_the_embedded_server(scripting: bool) -> None:
         assert not second.acquire(blocking=False)
         token = first.fencing_token
         got: list[bool] = []
-        waiter = threading.Thread(target=lambda: got.append(second.acquire(timeout=5)))
+        waiter = threading.Thread(target=lambda: got.append(second.acquire(timeout=30)))
         waiter.start()
         first.release()
-        waiter.join(timeout=10)
+        waiter.join(timeout=60)
         assert got == [True]
         assert second.fencing_token is not None
         assert token is not None

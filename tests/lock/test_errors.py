@@ -50,12 +50,13 @@ def test_infinite_acquire_timeout_waits_like_none(client: redis.Redis, key: str)
 
 @pytest.mark.parametrize("scripting", [True, False])
 def test_unreachable_redis_raises_within_bounded_time(scripting: bool) -> None:
-    """With nothing listening, acquire raises LockBackendError (a LockError) in < 2 s,
-    never returns False (redis-py's own retry policy, off here, would add its backoff)."""
+    """With nothing listening, acquire raises LockBackendError (a LockError), never returns
+    False nor hangs (redis-py's own retry policy, off here, would add its backoff). A
+    refused connection answers at once; the bound leaves a busy machine 10 s."""
     dead = redis.Redis(host="127.0.0.1", port=free_port(), socket_connect_timeout=0.5, retry=None)
     lock = RedisLock(dead, "x", scripting=scripting)
     started = time.monotonic()
     with pytest.raises(LockBackendError) as caught:
         lock.acquire(timeout=1)
     assert isinstance(caught.value, LockError)
-    assert time.monotonic() - started < 2.0
+    assert time.monotonic() - started < 1.0 + 10

@@ -14,6 +14,7 @@ from typing import Any
 import redis
 
 from celery_singleton_lock import RedisLock
+from celery_singleton_lock.engine.keyspace import companion_key
 from celery_singleton_lock.testing import RedisServer
 
 
@@ -101,7 +102,7 @@ def _queue_and_hang(url: str, name: str, scripting: bool, queued: Any) -> None:
 
 
 def test_a_dead_waiter_is_skipped_once_its_place_lapsed(
-    redis_server: RedisServer, make_lock: Any, key: str, scripting: bool
+    redis_server: RedisServer, make_lock: Any, client: redis.Redis, key: str, scripting: bool
 ) -> None:
     """A queued waiter is SIGKILLed; once its place lapsed (it blocks 0.3 s at a time, plus
     0.5 s slack), the holder's release goes to a live waiter queued behind it."""
@@ -112,18 +113,25 @@ def test_a_dead_waiter_is_skipped_once_its_place_lapsed(
     ghost = ctx.Process(target=_queue_and_hang, args=(redis_server.url, key, scripting, queued))
     ghost.start()
     try:
-        assert queued.wait(10)
+        assert queued.wait(30)
+        # killed only once it is really queued (not merely 0.3 s after it started)
+        deadline = time.monotonic() + 30
+        while client.zcard(companion_key(key, "queue")) < 1:
+            assert time.monotonic() < deadline, "the ghost never queued"
+            time.sleep(0.02)
         assert ghost.pid is not None
         os.kill(ghost.pid, signal.SIGKILL)
         ghost.join(5)
-        live = make_lock(timeout=30, fallback_poll=5.0)
-        got = threading.Event()
-        threading.Thread(target=lambda: (live.acquire(timeout=20), got.set())).start()
-        time.sleep(1.0)  # the dead waiter's place lapses
-        started = time.monotonic()
+        # its poll (60 s) and a grant to the ghost (its 30 s lease) both lie beyond its 20 s
+        # timeout: only a hand-over or wake-up at the release can let it in
+        live = make_lock(timeout=30, fallback_poll=60.0)
+        got: list[bool] = []
+        thread = threading.Thread(target=lambda: got.append(live.acquire(timeout=20)))
+        thread.start()
+        time.sleep(1.0)  # the dead waiter's place lapses (server time passes as this does)
         holder.release()
-        assert got.wait(10)
-        assert time.monotonic() - started < 1.0  # handed over or woken, not a 5 s poll
+        thread.join(30)
+        assert got == [True]
         assert live.owned()
         live.release()
     finally:

@@ -60,14 +60,15 @@ def test_release_at_maxmemory_is_still_owner_checked(server: RedisServer, script
 
 
 def test_scripted_extend_and_renewal_work_at_maxmemory(server: RedisServer) -> None:
-    """A scripted holder's renewer keeps a 0.6 s lease alive for 2 s while the server is at
-    maxmemory, and an explicit extend() succeeds."""
+    """A scripted holder's renewer keeps a 1.5 s lease alive for 3.2 s (over two leases)
+    while the server is at maxmemory, and an explicit extend() succeeds. (Renewed every
+    0.5 s: only a process starved for a second could lose it on its own.)"""
     client = _client(server)
-    lock = RedisLock(client, "oom:renew", timeout=0.6, auto_renew=True)
+    lock = RedisLock(client, "oom:renew", timeout=1.5, auto_renew=True)
     assert lock.acquire(blocking=False)
     _fill_to_maxmemory(client)
     lock.extend()
-    time.sleep(2.0)
+    time.sleep(3.2)
     assert lock.owned()
     assert not lock.lease_lost
     lock.release()

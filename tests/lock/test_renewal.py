@@ -20,13 +20,14 @@ HOLD_SECONDS = float(os.environ.get("CSL_RENEW_HOLD_SECONDS", "12"))
 
 def test_a_stalled_server_does_not_starve_renewals_on_another() -> None:
     """With server A stopped (SIGSTOP) while its client waits up to 10 s per call, five
-    auto-renewed 1 s leases on server B stay held for 3 s: A's stuck renewal never delays
-    B's."""
+    auto-renewed 2 s leases on server B stay held for 3 s: A's stuck renewal never delays
+    B's. (2 s, renewed every 0.67 s: only a process starved for over a second could lose
+    one on its own.)"""
     with RedisServer() as server_a, RedisServer() as server_b:
         stalled = redis.Redis.from_url(server_a.url, socket_timeout=10)
         healthy = redis.Redis.from_url(server_b.url, socket_timeout=10)
         on_a = RedisLock(stalled, "lane:a", timeout=1.0, auto_renew=True)
-        on_b = [RedisLock(healthy, f"lane:b{n}", timeout=1.0, auto_renew=True) for n in range(5)]
+        on_b = [RedisLock(healthy, f"lane:b{n}", timeout=2.0, auto_renew=True) for n in range(5)]
         assert on_a.acquire(blocking=False)
         assert all(lock.acquire(blocking=False) for lock in on_b)
         assert server_a.pid is not None
@@ -74,18 +75,22 @@ def test_ten_thousand_auto_renewed_locks_keep_their_leases() -> None:
 
 
 def test_renewals_due_together_go_in_one_batch_and_each_hold_gets_its_own_answer() -> None:
-    """Fifty 0.6 s leases of one client are renewed together (one pipelined round trip per
+    """Fifty 1.5 s leases of one client are renewed together (one pipelined round trip per
     batch): after SCRIPT FLUSH the batch reloads its script and goes on, and a key deleted
-    under its holder makes that one hold lost while the other 49 stay owned."""
+    under its holder makes that one hold lost while the other 49 stay owned. The test waits
+    for four batches' worth of renewals (bounded: 30 s), not a fixed time."""
     with RedisServer() as server:
         client = redis.Redis.from_url(server.url, socket_timeout=5)
-        locks = [RedisLock(client, f"batch:{n}", timeout=0.6, auto_renew=True) for n in range(50)]
+        locks = [RedisLock(client, f"batch:{n}", timeout=1.5, auto_renew=True) for n in range(50)]
         for lock in locks:
             assert lock.acquire(blocking=False)
         client.script_flush()
         client.delete(locks[7].name)
         calls_before = _evalsha_calls(client)
-        time.sleep(1.8)  # nine renewal intervals, three leases
+        deadline = time.monotonic() + 30
+        while not (locks[7].lease_lost and _evalsha_calls(client) - calls_before >= 49 * 4):
+            assert time.monotonic() < deadline, "fewer than four batches of renewals"
+            time.sleep(0.05)
         assert locks[7].lease_lost
         others = locks[:7] + locks[8:]
         assert not any(lock.lease_lost for lock in others)

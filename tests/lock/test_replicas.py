@@ -124,7 +124,9 @@ def test_unacknowledged_acquire_is_undone_and_raises(
         started = time.monotonic()
         with pytest.raises(LockBackendError, match="only 0 of 1 replicas"):
             lock.acquire(blocking=False)
-        assert 0.25 <= time.monotonic() - started < 3
+        # it waited for the replica (not sooner); the upper bound only says it gave up
+        # rather than hanging, with room for a busy machine
+        assert 0.25 <= time.monotonic() - started < 30
         assert not lock.locked()
         assert lock.fencing_token is None
         rival = RedisLock(client, key, timeout=10, scripting=scripting)
@@ -171,7 +173,7 @@ def test_unacknowledged_extension_raises_and_the_lease_is_then_lost(
         with pytest.raises(LockBackendError, match="replicas"):
             lock.extend()
         assert not lock.lease_lost
-        wait_until(lambda: lock.lease_lost, 3, "lease_lost")
+        wait_until(lambda: lock.lease_lost, 30, "lease_lost")
         pair.link.resume()
         with contextlib.suppress(LockError):  # lost by the clock; the master may agree
             lock.release()

@@ -137,43 +137,87 @@ def test_a_number_set_in_redis_wins_and_lowering_it_takes_nothing_away(
         h.release()
 
 
+def server_ms(client: redis.Redis) -> int:
+    """The server's clock in ms: the clock every lease and share end is on."""
+    seconds, micros = client.time()  # type: ignore[misc]
+    return int(seconds) * 1000 + int(micros) // 1000
+
+
+def wait_for_server_ms(client: redis.Redis, when: int, bound: float = 60.0) -> None:
+    """Return once the server's clock has passed ``when`` (bounded: a generous 60 s)."""
+    deadline = time.monotonic() + bound
+    while server_ms(client) <= when:
+        assert time.monotonic() < deadline, "the server's clock did not reach the lease end"
+        time.sleep(0.05)
+
+
 def test_a_crashed_holders_shares_end_with_its_lease(client: redis.Redis, prefix: str) -> None:
     """A holder that never releases (nor renews) leaves its shares until its lease ends;
-    then a new hold takes them, and the dead share is gone from the limit."""
+    then a new hold takes them, and the dead share is gone from the limit.
+
+    Every expectation is read off the server's clock, never the test's: the three dead
+    shares are taken a few ms apart, so they end a few ms apart (each share's end is its
+    score); a take happened at its own share's score minus its lease."""
     lock = make(client, prefix)
+    limit = stack_base(prefix) + "limit:tenant:a"
     dead = [lock(f"d{i}", timeout=0.5) for i in range(3)]
+    before = server_ms(client)
     assert all(d.acquire(blocking=False) for d in dead)
+    after = server_ms(client)
+    ends = {m: int(s) for m, s in client.zrange(limit, 0, -1, withscores=True)}
+    assert set(ends) == {f"1:{d.token}".encode() for d in dead}
+    # each share ends with its holder's lease: taken between before and after, 500 ms long
+    assert all(before + 500 <= end <= after + 500 for end in ends.values())
     waiter = lock("w")
-    assert not waiter.acquire(blocking=False)
-    started = time.monotonic()
-    assert waiter.acquire(timeout=5)
-    assert time.monotonic() - started < 3
-    assert shares(client, prefix, "tenant:a") == [f"1:{waiter.token}".encode()]
-    waiter.release()
+    asked = server_ms(client)
+    if not waiter.acquire(blocking=False):
+        assert asked < min(ends.values())  # refused only while every dead share was live
+        wait_for_server_ms(client, min(ends.values()))
+        # the first lease has ended by the server's clock: its share counts no more
+        assert waiter.acquire(blocking=False)
+    mine = f"1:{waiter.token}".encode()
+    took_at = int(client.zscore(limit, mine)) - 10_000  # type: ignore[arg-type]
+    assert took_at >= min(ends.values())  # never while all three were live
+    # the shares that had ended by then are gone; those still live stay (they end later)
+    assert set(shares(client, prefix, "tenant:a")) == {mine} | {
+        m for m, end in ends.items() if end > took_at
+    }
+    # once every dead lease has ended (by the server's clock), all three places are free
+    wait_for_server_ms(client, max(ends.values()))
+    more = [lock(f"n{i}") for i in range(2)]
+    assert all(m.acquire(blocking=False) for m in more)
+    assert set(shares(client, prefix, "tenant:a")) == {mine} | {
+        f"1:{m.token}".encode() for m in more
+    }
+    for held in (waiter, *more):
+        held.release()
 
 
 def test_release_wakes_a_waiter_held_back_by_a_limit(client: redis.Redis, prefix: str) -> None:
     """A waiter held back by the global limit (its own key free) is woken by a release of
-    another key's share, long before its fallback poll."""
+    another key's share, long before its fallback poll.
+
+    Judged on the server's clock, not on how long the wait took: the waiter's take (its
+    share's score minus its lease) comes after the release and before any held share's
+    lease ends (60 s on); its fallback poll is 60 s too, so only the release's wake-up can
+    let it in before then."""
     lock = make(client, prefix)
-    held = [lock(f"g{i}", tenant=f"t{i}") for i in range(4)]
+    held = [lock(f"g{i}", tenant=f"t{i}", timeout=60) for i in range(4)]
     assert all(h.acquire(blocking=False) for h in held)
-    waiter = lock("wx", tenant="x", fallback_poll=30)
-    got: list[float] = []
-
-    def wait() -> None:
-        started = time.monotonic()
-        if waiter.acquire(timeout=20):
-            got.append(time.monotonic() - started)
-
-    thread = threading.Thread(target=wait)
+    limit = stack_base(prefix) + "limit:global"
+    ends = [int(s) for _, s in client.zrange(limit, 0, -1, withscores=True)]
+    waiter = lock("wx", tenant="x", fallback_poll=60)
+    got: list[bool] = []
+    thread = threading.Thread(target=lambda: got.append(waiter.acquire(timeout=45)))
     thread.start()
     time.sleep(0.5)
-    assert not got
+    assert not got  # the limit is full for a minute: nothing lets it in meanwhile
+    released_at = server_ms(client)
     held[0].release()
-    thread.join(timeout=20)
-    assert got
-    assert got[0] < 10  # woken, not the 30 s poll nor the 10 s leases
+    thread.join(timeout=60)
+    assert got == [True]
+    took_at = int(client.zscore(limit, f"1:{waiter.token}")) - 10_000  # type: ignore[arg-type]
+    assert released_at <= took_at < min(ends)  # woken by the release, not a lease or a poll
     waiter.release()
     for h in held[1:]:
         h.release()
@@ -373,38 +417,61 @@ def test_a_heavy_waiter_is_not_passed_for_ever(client: redis.Redis, prefix: str)
     """Six threads keep taking weight-1 shares of a limit of 3 (more of them than places, so
     a freed place is always wanted at once); a weight-3 waiter still gets in, because every
     take leaves room for the waiters ahead of it; the light ones wait behind it meanwhile.
-    (Without that room the heavy one waits until its timeout.)"""
+
+    Judged on the server's clock, not on how long the heavy one waited: once the heavy
+    one's place is seen in the limit's line, each light thread may take at most once more
+    before the heavy one does (a try that was already waiting ahead of it); every later try
+    comes after it (each take's time is its share's score minus its lease). Without that
+    room the light ones keep taking, and the heavy one gets in only by luck (30 s)."""
     lock = make(client, prefix)
+    line = stack_base(prefix) + "line:tenant:a"
+    limit = stack_base(prefix) + "limit:tenant:a"
     stop = threading.Event()
-    light_holds: list[int] = []
+    holds = [0] * 6
+    light_takes: list[tuple[int, int]] = []
 
     def light(index: int) -> None:
-        count = 0
         while not stop.is_set():
-            held = lock(f"light{index}-{count}", per_tenant=3, fallback_poll=0.2)
+            held = lock(f"light{index}-{holds[index]}", per_tenant=3, fallback_poll=0.2)
             if held.acquire(timeout=10):
+                score = client.zscore(limit, f"1:{held.token}")
+                assert score is not None
+                light_takes.append((index, int(score) - 10_000))
                 time.sleep(0.03)
                 held.release()
-                count += 1
-        light_holds.append(count)
+                holds[index] += 1
+
+    queued_at: list[int] = []
+
+    def watch_the_line() -> None:  # when the heavy one is surely ahead of every light one
+        while not stop.is_set() and not queued_at:
+            if client.zscore(line, "3:heavy-owner") is not None:
+                queued_at.append(server_ms(client))
+            time.sleep(0.002)
 
     threads = [threading.Thread(target=light, args=(index,)) for index in range(6)]
+    watcher = threading.Thread(target=watch_the_line)
     for thread in threads:
         thread.start()
     try:
-        time.sleep(0.3)
-        heavy = lock("heavy", weight=3, per_tenant=3, fallback_poll=0.2)
-        started = time.monotonic()
-        assert heavy.acquire(timeout=10)
-        waited = time.monotonic() - started
-        assert shares(client, prefix, "tenant:a") == [f"3:{heavy.token}".encode()]
+        deadline = time.monotonic() + 30
+        while sum(holds) <= 10:  # the light ones really keep the limit busy
+            assert time.monotonic() < deadline, holds
+            time.sleep(0.02)
+        heavy = lock("heavy", weight=3, per_tenant=3, fallback_poll=0.2, token="heavy-owner")
+        watcher.start()
+        assert heavy.acquire(timeout=30)
+        took_at = int(client.zscore(limit, "3:heavy-owner")) - 10_000  # type: ignore[arg-type]
+        assert shares(client, prefix, "tenant:a") == [b"3:heavy-owner"]
         heavy.release()
     finally:
         stop.set()
-        for thread in threads:
-            thread.join(timeout=20)
-    assert waited < 10
-    assert sum(light_holds) > 10  # the light ones really kept the limit busy
+        for thread in (*threads, watcher):
+            if thread.is_alive() or thread is not watcher:
+                thread.join(timeout=20)
+    if queued_at:  # (it may have found the limit free at its first try: nothing to judge)
+        passed = [index for index, t in light_takes if queued_at[0] < t < took_at]
+        assert all(passed.count(index) <= 1 for index in range(6)), passed
 
 
 def test_a_take_leaves_room_for_the_waiters_ahead(client: redis.Redis, prefix: str) -> None:

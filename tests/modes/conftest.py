@@ -46,10 +46,12 @@ def metrics_port() -> int:
     return free_port()
 
 
-def _worker(modes_redis: RedisServer, tmp: Path, name: str, **env: str) -> CeleryWorker:
+def _worker(
+    modes_redis: RedisServer, tmp: Path, name: str, queues: tuple[str, ...] = (), **env: str
+) -> CeleryWorker:
     return CeleryWorker(
         APP, concurrency=2, hostname=f"{name}@%h", cwd=ROOT, log_path=tmp / f"{name}.log",
-        ready_timeout=60, extra_args=("-E",),
+        ready_timeout=60, extra_args=("-E",), queues=queues,
         env={"CSL_MODES_URL": modes_redis.url, "PYTHONPATH": str(ROOT), **env},
     )  # fmt: skip
 
@@ -77,14 +79,19 @@ def modes_worker(
 @pytest.fixture
 def more_workers(
     modes_worker: CeleryWorker, modes_redis: RedisServer, tmp_path: Path
-) -> Iterator[Callable[[int], list[CeleryWorker]]]:
+) -> Iterator[Callable[..., list[CeleryWorker]]]:
     """``more_workers(n)`` starts ``n`` more prefork workers (two pool processes each) beside
-    the shared one, in parallel, and returns them once all are ready."""
+    the shared one, in parallel, and returns them once all are ready; with ``own_queue``
+    each consumes only a queue of its own, ``csl-modes-<its name>`` (modes1, modes2, ...)."""
     started: list[CeleryWorker] = []
 
-    def start(count: int) -> list[CeleryWorker]:
+    def start(count: int, own_queue: bool = False) -> list[CeleryWorker]:
+        names = [f"modes{len(started) + i + 1}" for i in range(count)]
         batch = [
-            _worker(modes_redis, tmp_path, f"modes{len(started) + i + 1}") for i in range(count)
+            _worker(
+                modes_redis, tmp_path, worker, queues=(f"csl-modes-{worker}",) if own_queue else ()
+            )
+            for worker in names
         ]
         started.extend(batch)
         for worker in batch:

@@ -18,6 +18,7 @@ import redis
 from celery import Celery
 
 from celery_singleton_lock import LockedTask, current_lock, metrics, signals
+from celery_singleton_lock.modes.throttle import starts_key
 
 URL = os.environ.get("CSL_MODES_URL", "redis://127.0.0.1:6399/0")
 
@@ -64,9 +65,15 @@ for _signal in (
     _signal.connect(_record, weak=False, dispatch_uid=f"modes.record.{_signal.name}")
 
 
+def gate_key(name: str) -> str:
+    """The key a test sets to end the bodies of ``name`` that wait for it."""
+    return f"gate:{name}"
+
+
 def body(task: Any, name: str, seconds: float) -> None:
     """The ledger of a run of ``name``: its start (wall time, worker, pid, whether a lock is
-    held), ``inside`` / ``overlaps`` counters, and its end after ``seconds``."""
+    held), ``inside`` / ``overlaps`` counters, and its end after ``seconds`` (a negative
+    number: once the test sets :func:`gate_key`, 60 s at most)."""
     r = data()
     lock = current_lock()
     started = {
@@ -76,12 +83,29 @@ def body(task: Any, name: str, seconds: float) -> None:
     if r.incr(f"inside:{name}") > 1:
         r.incr(f"overlaps:{name}")
     r.rpush(f"starts:{name}", json.dumps(started))
-    time.sleep(seconds)
+    if seconds >= 0:
+        time.sleep(seconds)
+    else:
+        deadline = time.monotonic() + 60
+        while not r.exists(gate_key(name)) and time.monotonic() < deadline:
+            time.sleep(0.02)
     r.rpush(f"ends:{name}", json.dumps({"at": time.time(), "task_id": task.request.id}))
     r.decr(f"inside:{name}")
 
 
 # -- the throttle ----------------------------------------------------------------------
+
+
+def admitted(task: Any, name: str, *args: Any) -> None:
+    """Copy this run's admission from the throttle's starts set (a member
+    ``<task id>:<s>.<us>`` scored in server ms) to the hash ``admitted-at:<name>``: the tests
+    judge the rate on the server's clock, not on when the bodies wrote their ledger."""
+    r = data()
+    mine = f"{task.request.id}:".encode()
+    key = starts_key(task.lock_key(name, *args))
+    for member, score in r.zrange(key, 0, -1, withscores=True):
+        if member.startswith(mine):
+            r.hset(f"admitted-at:{name}", member, int(score))
 
 
 @app.task(
@@ -90,6 +114,7 @@ def body(task: Any, name: str, seconds: float) -> None:
 )  # fmt: skip
 def rate_retry(self: Any, name: str, n: int) -> int:
     """At most 3 starts per second per name, across every worker; over it, retry."""
+    admitted(self, name, n)
     body(self, name, 0.02)
     return n
 
@@ -110,6 +135,7 @@ def rate_skip(self: Any, name: str) -> str:
 )  # fmt: skip
 def rate_wait(self: Any, name: str) -> str:
     """One start per second per name; over it, wait for the next free start (5 s at most)."""
+    admitted(self, name)
     body(self, name, 0.02)
     return "ran"
 
@@ -130,6 +156,7 @@ def rate_raise(self: Any, name: str) -> str:
 )  # fmt: skip
 def rate_queue(self: Any, name: str) -> str:
     """Queue scope throttles starts too: over the rate, the message retries holding its key."""
+    admitted(self, name)
     body(self, name, 0.02)
     return str(self.request.id)
 

@@ -48,6 +48,22 @@ def data() -> redis.Redis:
     return _data
 
 
+def gate_key(gate: str) -> str:
+    """The key a test sets to let a body that waits on ``gate`` end."""
+    return f"gate:{gate}"
+
+
+def _sleep(gate: str, seconds: float) -> None:
+    """Sleep ``seconds``; a negative number: until the test opens ``gate`` (:func:`gate_key`;
+    60 s at most), so a test orders events by its own moves, not by how long a body runs."""
+    if seconds >= 0:
+        time.sleep(seconds)
+        return
+    deadline = time.monotonic() + 60
+    while not data().exists(gate_key(gate)) and time.monotonic() < deadline:
+        time.sleep(0.02)
+
+
 def signals_key(lock_key: str) -> str:
     """The list where the signals about ``lock_key`` are recorded."""
     return f"signals:{lock_key}"
@@ -77,15 +93,15 @@ signals.lock_acquired.connect(_broken, weak=False, dispatch_uid="obs.broken")
 
 @app.task(name="obs.job", base=LockedTask, lock_keys=["name"])
 def job(name: str, seconds: float) -> str:
-    """Default policy (skip): sleep, then say it ran."""
-    time.sleep(seconds)
+    """Default policy (skip): sleep (< 0: until gate ``job:<name>`` opens), say it ran."""
+    _sleep(f"job:{name}", seconds)
     return "ran"
 
 
 @app.task(name="obs.waiter", base=LockedTask, lock_keys=["name"], lock_on_conflict="wait")
 def waiter(name: str, seconds: float) -> str:
-    """Policy wait: a duplicate waits for the holder."""
-    time.sleep(seconds)
+    """Policy wait: a duplicate waits for the holder (< 0: until gate ``waiter:<name>``)."""
+    _sleep(f"waiter:{name}", seconds)
     return "ran"
 
 

@@ -47,15 +47,24 @@ def test_worker_metrics_count_every_pool_process(
     """Acquisitions, conflicts by policy, the wait and hold histograms, lost leases and
     renewals from runs in different pool processes add up in the worker's /metrics."""
     _, before = scrape(metrics_port)
-    # skip: one runs, one is skipped; wait: the second waits ~1 s for the first.
+    # skip: one runs until the test opens its gate, one is skipped meanwhile (in another
+    # pool process, as the first occupies its own). wait: the second waits for the first,
+    # which the test lets end 1 s after the second began waiting (its lock_conflict). The
+    # order comes from the test's moves, never from how long a body sleeps.
     key = obsproj.job.lock_key(name, 0)
-    first = obsproj.job.delay(name, 1.0)
-    wait_signal(data, key, "lock_acquired")
-    assert obsproj.job.delay(name, 0).get(timeout=10) is None
+    first = obsproj.job.delay(name, -1)
+    wait_signal(data, key, "lock_acquired", timeout=30)
+    first_held_from = time.monotonic()  # it acquired before this
+    assert obsproj.job.delay(name, 0).get(timeout=30) is None
     wkey = obsproj.waiter.lock_key(name, 0)
-    held = obsproj.waiter.delay(name, 1.0)
-    wait_signal(data, wkey, "lock_acquired")
+    held = obsproj.waiter.delay(name, -1)
+    wait_signal(data, wkey, "lock_acquired", timeout=30)
     waited = obsproj.waiter.delay(name, 0)
+    wait_signal(data, wkey, "lock_conflict", timeout=30)
+    time.sleep(1.0)  # the waiter waits at least this long: the gate is still shut
+    data.set(obsproj.gate_key(f"waiter:{name}"), 1, ex=600)
+    time.sleep(max(0.0, first_held_from + 1.0 - time.monotonic()))
+    data.set(obsproj.gate_key(f"job:{name}"), 1, ex=600)  # held 1 s at least
     # a lease lost by the clock, and a renewed run (0.6 s lease renewed every 0.2 s).
     overrun = obsproj.overrun.delay(name, 1.2)
     renewed = obsproj.renewed.delay(name, 1.2)
@@ -68,7 +77,7 @@ def test_worker_metrics_count_every_pool_process(
         for k in (key, wkey)
         for entry in map(__import__("json").loads, data.lrange(f"signals:{k}", 0, -1))
     }
-    assert len(pids) >= 2, "the runs should have spread over pool processes"
+    assert len(pids) >= 2, "the skipped duplicate ran beside the gated first run"
 
     text, after = scrape(metrics_port)
 
@@ -82,8 +91,9 @@ def test_worker_metrics_count_every_pool_process(
     assert delta(f"{prefix}_conflicts_total", task="obs.waiter", policy="wait") == 1
     assert delta(f"{prefix}_wait_seconds_count", task="obs.waiter") == 2
     assert delta(f"{prefix}_wait_seconds_bucket", task="obs.waiter", le="0.1") == 1
+    # the second waited 1 s and a little: under 5 s unless the machine stalled for seconds
     assert delta(f"{prefix}_wait_seconds_bucket", task="obs.waiter", le="5.0") == 2
-    assert delta(f"{prefix}_wait_seconds_sum", task="obs.waiter") > 0.4
+    assert delta(f"{prefix}_wait_seconds_sum", task="obs.waiter") >= 1.0
     assert delta(f"{prefix}_held_seconds_count", task="obs.job") == 1
     assert delta(f"{prefix}_held_seconds_sum", task="obs.job") >= 1.0
     assert delta(f"{prefix}_lost_total", task="obs.overrun") == 1

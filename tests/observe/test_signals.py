@@ -94,7 +94,7 @@ def test_lease_lost_by_the_clock(
     acquired = wait_signal(data, key, "lock_acquired")
     assert lost["fencing_token"] == acquired["fencing_token"]
     assert lost["held"] >= 1.4
-    wait_for(lambda: len(recorded(data, key)) >= 3, timeout=2)
+    wait_for(lambda: len(recorded(data, key)) >= 3, timeout=30)
     assert [e["signal"] for e in recorded(data, key)].count("lock_lost") == 1
 
 
@@ -140,7 +140,7 @@ def test_a_broken_receiver_never_breaks_a_task(
     """The project's lock_acquired receiver that always raises is logged by the worker,
     and the task still runs and succeeds."""
     assert obsproj.job.delay(name, 0).get(timeout=30) == "ran"
-    assert wait_for(lambda: "a broken lock_acquired receiver" in obs_worker.log(), timeout=5)
+    assert wait_for(lambda: "a broken lock_acquired receiver" in obs_worker.log(), timeout=30)
 
 
 def _commands(client: redis.Redis) -> int:

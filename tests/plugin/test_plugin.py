@@ -111,15 +111,15 @@ def test_locked_task_in_celerys_in_process_worker(request, celery_app, celery_wo
 
     celery_worker.reload()
     key = double.lock_key(21)
-    assert double.delay(21).get(timeout=10) == 42
+    assert double.delay(21).get(timeout=30) == 42
     singleton_locks.assert_free(key)
 
     holder = RedisLock(singleton_locks.client, key, timeout=30)
     assert holder.acquire(blocking=False)
     skipped = double.delay(21)
-    assert skipped.get(timeout=10) is None
+    assert skipped.get(timeout=30) is None
     assert skip_info(skipped, app=celery_app).key == key
-    assert double.delay(22).get(timeout=10) == 44
+    assert double.delay(22).get(timeout=30) == 44
     holder.release()
     singleton_locks.assert_no_locks()
 """

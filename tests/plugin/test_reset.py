@@ -59,18 +59,18 @@ def under_prefix(locks):
 def test_1_leaves_mode_state_behind(celery_app, celery_worker, singleton_locks):
     throttled, skipper, debounced, coalesced = tasks(celery_app)
     celery_worker.reload()
-    assert throttled.delay().get(timeout=10) == "ran"
-    assert throttled.delay().get(timeout=10) is None  # its key used up 1/h
+    assert throttled.delay().get(timeout=30) == "ran"
+    assert throttled.delay().get(timeout=30) is None  # its key used up 1/h
 
     holder = RedisLock(singleton_locks.client, skipper.lock_key(), timeout=300)
     assert holder.acquire(blocking=False)
     skipped = skipper.delay()
-    assert skipped.get(timeout=10) is None
+    assert skipped.get(timeout=30) is None
     assert skip_info(skipped, app=celery_app) is not None
 
     debounced.delay(1)  # a burst that runs in a minute
 
-    assert coalesced.delay(1).get(timeout=10) == 1  # a queue-scope run that finished
+    assert coalesced.delay(1).get(timeout=30) == 1  # a queue-scope run that finished
     busy = RedisLock(singleton_locks.client, coalesced.lock_key(), timeout=300)
     assert busy.acquire(blocking=False)
     coalesced.delay(2)  # the key is held: the call becomes the pending follow-up
@@ -87,8 +87,8 @@ def test_2_starts_with_nothing_under_the_prefix(celery_app, celery_worker, singl
     assert under_prefix(singleton_locks) == []
     throttled, skipper, *_ = tasks(celery_app)
     celery_worker.reload()
-    assert throttled.delay().get(timeout=10) == "ran"  # not throttled by test 1's start
-    assert skipper.delay().get(timeout=10) == "ran"
+    assert throttled.delay().get(timeout=30) == "ran"  # not throttled by test 1's start
+    assert skipper.delay().get(timeout=30) == "ran"
 """
 
 

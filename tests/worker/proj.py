@@ -187,9 +187,10 @@ def renewing(name: str, seconds: float = 4.0) -> str:
     return "ran"
 
 
-@app.task(base=LockedTask, lock_timeout=2.0, lock_on_conflict="wait", lock_wait=30)
+@app.task(base=LockedTask, lock_keys=["name"], lock_timeout=2.0, lock_on_conflict="wait",
+          lock_wait=30)  # fmt: skip
 def crashy(name: str, seconds: float = 60.0) -> str:
-    """Runs long enough to be killed mid-run."""
+    """Runs long enough to be killed mid-run (one lock per name, whatever ``seconds``)."""
     section(name, seconds)
     return "ran"
 
@@ -388,7 +389,9 @@ def limited_queued(self: Any, name: str, index: int = 0) -> str:
 
 
 def _follow_section(name: str, seconds: float, value: int) -> int:
-    """Record a run of ``name`` (its value, its fencing token, and any overlap)."""
+    """Record a run of ``name`` (its value, its fencing token, and any overlap); then sleep
+    ``seconds``, or with a negative number until the test sets ``gate:<name>`` (60 s at
+    most), so a test orders calls by its own moves, not by a body's length."""
     r = data()
     lock = current_lock()
     if r.incr(f"inside:{name}") > 1:
@@ -398,7 +401,12 @@ def _follow_section(name: str, seconds: float, value: int) -> int:
         record.rpush(f"fences:{name}", lock.fencing_token if lock is not None else -1)
         record.rpush(f"pids:{name}", os.getpid())
         record.execute()
-    time.sleep(seconds)
+    if seconds >= 0:
+        time.sleep(seconds)
+    else:
+        deadline = time.monotonic() + 60
+        while not r.exists(f"gate:{name}") and time.monotonic() < deadline:
+            time.sleep(0.02)
     r.decr(f"inside:{name}")
     return value
 

@@ -61,12 +61,14 @@ def test_a_steady_stream_still_runs_by_max_wait(
         value += 1
         proj.debounced_capped.delay("stream", value)
         time.sleep(0.1)
-    assert wait_for(lambda: len(_runs(data, "stream")) >= 4, timeout=10)
+    assert wait_for(lambda: len(_runs(data, "stream")) >= 4, timeout=30)
     time.sleep(1.0)
     runs = _runs(data, "stream")
     assert 3 <= len(runs) <= 6
     gaps = [later - earlier for (_, earlier), (_, later) in itertools.pairwise(runs)]
-    assert all(gap < 1.6 for gap in gaps[:-1])
+    # about a second apart (max_wait 1 s); 2.5 s leaves a busy machine room and is still
+    # below what quiet-time-only debouncing would give (one run after the 3.5 s stream)
+    assert all(gap < 2.5 for gap in gaps[:-1])
     values = [run_value for run_value, _ in runs]
     assert values == sorted(values)
     assert values[-1] == value

@@ -20,6 +20,7 @@ import redis
 from celery.exceptions import ImproperlyConfigured
 
 from celery_singleton_lock import RedisLock, TaskLocked
+from celery_singleton_lock.engine.value import parse_value
 from celery_singleton_lock.testing import RedisServer, free_port
 from tests.worker.conftest import ROOT, wait_for
 
@@ -164,20 +165,35 @@ def test_per_call_lock_keys(contact: ModuleType, data: redis.Redis, worker: Any)
     assert plain_a["key"] == contact.probe.lock_key("k", note="a")
 
 
+def _server_ms(client: redis.Redis) -> int:
+    seconds, micros = client.time()  # type: ignore[misc]
+    return int(seconds) * 1000 + int(micros) // 1000
+
+
 def test_per_call_lock_renew(contact: ModuleType, data: redis.Redis, worker: Any) -> None:
-    """lock_renew=False with a 1 s lease: the key lapses while the 3 s body still runs."""
+    """lock_renew=False with a 1 s lease: the key lapses while the 3 s body still runs;
+    renewed, it is still held once its first lease has ended. Both judged once the first
+    lease's end (read from the value) has passed on the server's clock, not after 1.6 s."""
     client = redis.Redis.from_url(worker_redis_url(data))
+
+    def past_first_lease(key: str) -> None:
+        raw = client.get(key)
+        assert raw is not None
+        ends = parse_value(raw).expiry_ms
+        assert ends is not None
+        assert wait_for(lambda: _server_ms(client) > ends, timeout=30)
+
     key = contact.probe.lock_key("r", 3.0)
     result = contact.probe.apply_async(("r", 3.0), lock_renew=False, lock_timeout=1)
     assert wait_for(lambda: data.llen("probe:r") == 1, timeout=20)
-    time.sleep(1.6)
+    past_first_lease(key)
     assert not RedisLock(client, key, timeout=1).locked()
-    assert result.get(timeout=20)["renew"] is False
+    assert result.get(timeout=30)["renew"] is False
     renewed = contact.probe.apply_async(("r2", 3.0), lock_timeout=1)
     assert wait_for(lambda: data.llen("probe:r2") == 1, timeout=20)
-    time.sleep(1.6)
+    past_first_lease(contact.probe.lock_key("r2", 3.0))
     assert RedisLock(client, contact.probe.lock_key("r2", 3.0), timeout=1).locked()
-    renewed.get(timeout=20)
+    renewed.get(timeout=30)
 
 
 def worker_redis_url(data: redis.Redis) -> str:
@@ -217,11 +233,10 @@ def test_per_call_lock_wait(contact: ModuleType, data: redis.Redis, worker: Any,
     """wait with lock_wait=0.5 gives up after about half a second (the default is 60 s)."""
     key = contact.probe.lock_key("w")
     held(key)
-    started = time.monotonic()
     result = contact.probe.apply_async(("w",), lock_on_conflict="wait", lock_wait=0.5)
     with pytest.raises(TaskLocked):
-        result.get(timeout=20)
-    assert time.monotonic() - started < 15
+        # after its own 0.5 s: waiting the default 60 s would end this get with a timeout
+        result.get(timeout=45)
     assert data.llen("probe:w") == 0
     # a waiting run says so at INFO: what it waits for and for how long at most
     assert f"waiting for lock {key}" in worker.log()
@@ -238,7 +253,7 @@ def test_per_call_lock_retry_delay(
     time.sleep(1.0)
     assert data.llen("probe:d") == 0
     lock.release()
-    report = result.get(timeout=10)
+    report = result.get(timeout=30)
     assert report["retries"] >= 1
 
 

@@ -39,7 +39,7 @@ def test_hundred_concurrent_calls_publish_one_follow_up(
 
     lock_coalesced.connect(on_coalesced, weak=False, dispatch_uid="test.coalesced")
     workers(concurrency=2)
-    first = proj.coalesced.delay("c100", 2.0, 0)
+    first = proj.coalesced.delay("c100", -1, 0)  # runs until the gate opens, below
     assert wait_for(lambda: _values(data, "c100") == [0], timeout=30)
     ids: list[str] = []
     guard = threading.Lock()
@@ -58,6 +58,7 @@ def test_hundred_concurrent_calls_publish_one_follow_up(
     assert len(ids) == 100
     assert len(set(ids)) == 1
     follow_up = proj.coalesced.AsyncResult(ids[0])
+    data.set("gate:c100", 1, ex=600)  # all 100 calls were made while the first ran
     assert first.get(timeout=30) == 0
     value = follow_up.get(timeout=30)
     time.sleep(0.5)
@@ -161,7 +162,7 @@ def test_replace_supersedes_a_queued_call(
     assert old.state == "REVOKED"
     worker = workers(concurrency=2)
     assert new.get(timeout=30) == 2
-    assert wait_for(lambda: f"not run: superseded by {new.id}" in worker.log(), timeout=10)
+    assert wait_for(lambda: f"not run: superseded by {new.id}" in worker.log(), timeout=30)
     assert _values(data, "rq") == [2]
     assert old.state == "REVOKED"
 
@@ -188,7 +189,7 @@ def test_replace_running_revokes_the_holder(
     assert wait_for(lambda: _values(data, "rv") == [1], timeout=30)
     second = proj.replaced_running.delay("rv", 0.0, 2)
     assert second.get(timeout=30) == 2
-    assert wait_for(lambda: first.state == "REVOKED", timeout=10)
+    assert wait_for(lambda: first.state == "REVOKED", timeout=30)
     fences = [int(fence) for fence in data.lrange("fences:rv", 0, -1)]
     assert fences == sorted(fences)
     assert len(set(fences)) == 2

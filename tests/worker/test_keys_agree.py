@@ -58,7 +58,7 @@ def test_by_name_call_never_runs_beside_a_delay_call(
         key = data.lindex(f"odd-keys:{tag}", 0)
         if serializer == "json":
             assert key == proj.odd_queued.lock_key(value, tag), name
-        assert wait_for(lambda key=key: client.exists(key) == 0, timeout=10), name
+        assert wait_for(lambda key=key: client.exists(key) == 0, timeout=30), name
 
 
 def test_lock_key_names_the_key_the_worker_locks(

@@ -59,5 +59,5 @@ def test_a_late_copy_leaves_a_stored_result_as_it_is(
     keep.queued_once.backend.store_result(task_id, 41, "SUCCESS")
     copy = keep.app.send_task(keep.queued_once.name, ("kept-1", 1), task_id=task_id)
     assert wait_for(lambda: "not run again" in worker.log(), timeout=20)
-    assert copy.get(timeout=10) == 41
+    assert copy.get(timeout=30) == 41
     assert data.llen("runs:kept-1") == 0

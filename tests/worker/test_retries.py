@@ -111,7 +111,7 @@ def test_run_scope_retry_is_not_skipped_as_a_duplicate(
     # The first attempt frees the key as it ends (after publishing its retry): the other
     # run takes it then.
     key = proj.retry_hold.lock_key("rh", 0)
-    assert wait_for(lambda: not data.exists(key), timeout=10)
+    assert wait_for(lambda: not data.exists(key), timeout=30)
     other = proj.retry_hold.delay("rh", 3.0)
     assert other.get(timeout=30) == "held"
     assert retried.get(timeout=30) == "attempt 2"
