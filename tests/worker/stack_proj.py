@@ -26,6 +26,13 @@ app.conf.update(
     result_backend_transport_options={"retry_policy": {"max_retries": 2, "interval_max": 0.2}},
 )
 
+
+def _task(**options: Any) -> Any:
+    """This app's own task (not shared: other apps in the same test process, such as the
+    in-process test worker's, must not get these tasks)."""
+    return app.task(shared=False, **options)
+
+
 #: The numbers the code gives the limits (the tests lower them in Redis).
 PER_TENANT = 2
 IN_ALL = 5
@@ -76,7 +83,7 @@ def _size_weight(report: str, tenant: str, size: int = 1, seconds: float = 0.0) 
     return 2 if size > 100 else 1
 
 
-@app.task(base=LockedTask, lock_keys=["report"], lock_on_conflict="wait", lock_wait=600,
+@_task(base=LockedTask, lock_keys=["report"], lock_on_conflict="wait", lock_wait=600,
           lock_timeout=3, lock_limits=[("tenant:{tenant}", PER_TENANT), ("global:exports", IN_ALL)],
           lock_weight=_size_weight)  # fmt: skip
 def export(report: str, tenant: str, size: int = 1, seconds: float = 0.0) -> str:
@@ -84,14 +91,14 @@ def export(report: str, tenant: str, size: int = 1, seconds: float = 0.0) -> str
     return _section(report, tenant, _size_weight(report, tenant, size), seconds)
 
 
-@app.task(base=LockedTask, lock_keys=["report"], lock_on_conflict="skip", lock_timeout=3,
+@_task(base=LockedTask, lock_keys=["report"], lock_on_conflict="skip", lock_timeout=3,
           lock_limits=[("tenant:{tenant}", PER_TENANT), ("global:exports", IN_ALL)])  # fmt: skip
 def export_or_skip(report: str, tenant: str, seconds: float = 0.0) -> str:
     """As export, weight 1, skipped when a limit is full."""
     return _section(report, tenant, 1, seconds)
 
 
-@app.task(base=LockedTask, lock_keys=["report"], lock_on_conflict="raise", lock_timeout=3,
+@_task(base=LockedTask, lock_keys=["report"], lock_on_conflict="raise", lock_timeout=3,
           lock_limits=[("tenant:{tenant}", PER_TENANT), ("global:exports", IN_ALL)],
           lock_weight=_size_weight)  # fmt: skip
 def export_or_raise(report: str, tenant: str, size: int = 1, seconds: float = 0.0) -> str:
@@ -99,7 +106,7 @@ def export_or_raise(report: str, tenant: str, size: int = 1, seconds: float = 0.
     return _section(report, tenant, _size_weight(report, tenant, size), seconds)
 
 
-@app.task(base=LockedTask, lock_keys=["report"], lock_scope="queue", lock_timeout=3,
+@_task(base=LockedTask, lock_keys=["report"], lock_scope="queue", lock_timeout=3,
           lock_limits=[("tenant:{tenant}", PER_TENANT), ("global:exports", IN_ALL)])  # fmt: skip
 def export_queued(report: str, tenant: str, seconds: float = 0.0) -> str:
     """Queue scope (skip): a duplicate call while one is queued or running publishes
@@ -107,7 +114,7 @@ def export_queued(report: str, tenant: str, seconds: float = 0.0) -> str:
     return _section(report, tenant, 1, seconds)
 
 
-@app.task(base=LockedTask, lock_keys=["report"], lock_scope="queue", lock_on_conflict="raise",
+@_task(base=LockedTask, lock_keys=["report"], lock_scope="queue", lock_on_conflict="raise",
           lock_timeout=3,
           lock_limits=[("tenant:{tenant}", PER_TENANT), ("global:exports", IN_ALL)])  # fmt: skip
 def export_queued_or_raise(report: str, tenant: str, seconds: float = 0.0) -> str:
@@ -115,7 +122,7 @@ def export_queued_or_raise(report: str, tenant: str, seconds: float = 0.0) -> st
     return _section(report, tenant, 1, seconds)
 
 
-@app.task(base=LockedTask, lock_keys=["report"], lock_scope="queue", lock_on_conflict="coalesce",
+@_task(base=LockedTask, lock_keys=["report"], lock_scope="queue", lock_on_conflict="coalesce",
           lock_timeout=3, lock_retry_delay=0.3,
           lock_limits=[("tenant:{tenant}", PER_TENANT), ("global:exports", IN_ALL)])  # fmt: skip
 def export_latest(report: str, tenant: str, value: int, seconds: float = 0.0) -> int:
@@ -126,7 +133,7 @@ def export_latest(report: str, tenant: str, value: int, seconds: float = 0.0) ->
     return value
 
 
-@app.task(base=LockedTask, lock_keys=["report"], lock_scope="queue", lock_on_conflict="replace",
+@_task(base=LockedTask, lock_keys=["report"], lock_scope="queue", lock_on_conflict="replace",
           lock_replace_running=True, lock_timeout=3, lock_retry_delay=0.3,
           lock_limits=[("tenant:{tenant}", PER_TENANT), ("global:exports", IN_ALL)])  # fmt: skip
 def export_replacing(report: str, tenant: str, value: int, seconds: float = 0.0) -> int:
@@ -137,7 +144,7 @@ def export_replacing(report: str, tenant: str, value: int, seconds: float = 0.0)
     return value
 
 
-@app.task(base=LockedTask, lock_keys=["report"], lock_on_conflict="park", lock_timeout=3,
+@_task(base=LockedTask, lock_keys=["report"], lock_on_conflict="park", lock_timeout=3,
           lock_limits=[("tenant:{tenant}", PER_TENANT), ("global:exports", IN_ALL)],
           lock_weight=_size_weight)  # fmt: skip
 def export_parked(report: str, tenant: str, size: int = 1, seconds: float = 0.0) -> str:
@@ -158,7 +165,7 @@ def _given_weight(report: str, tenant: str, weight: int = 1, seconds: float = 0.
     return weight
 
 
-@app.task(base=LockedTask, lock_keys=["report"], lock_on_conflict="wait", lock_wait=600,
+@_task(base=LockedTask, lock_keys=["report"], lock_on_conflict="wait", lock_wait=600,
           lock_timeout=3, lock_limits=[("tenant:{tenant}", PER_TENANT), ("global:exports", IN_ALL)],
           lock_weight=_given_weight)  # fmt: skip
 def export_weighing(report: str, tenant: str, weight: int = 1) -> str:
@@ -166,7 +173,7 @@ def export_weighing(report: str, tenant: str, weight: int = 1) -> str:
     return _section(report, tenant, weight, 0.0)
 
 
-@app.task(base=LockedTask, lock_keys=["report"], lock_on_conflict="park", lock_timeout=3,
+@_task(base=LockedTask, lock_keys=["report"], lock_on_conflict="park", lock_timeout=3,
           lock_limits=[("tenant:{tenant}", PER_TENANT), ("global:exports", IN_ALL)],
           lock_weight=_given_weight)  # fmt: skip
 def export_weighing_parked(report: str, tenant: str, weight: int = 1, seconds: float = 0.0) -> str:
@@ -174,7 +181,7 @@ def export_weighing_parked(report: str, tenant: str, weight: int = 1, seconds: f
     return _section(report, tenant, weight, seconds)
 
 
-@app.task(base=LockedTask, lock_keys=["report"], lock_scope="queue", lock_on_conflict="raise",
+@_task(base=LockedTask, lock_keys=["report"], lock_scope="queue", lock_on_conflict="raise",
           lock_timeout=3,
           lock_limits=[("tenant:{tenant}", PER_TENANT), ("global:exports", IN_ALL)],
           lock_weight=_given_weight)  # fmt: skip
