@@ -21,7 +21,8 @@ from celery_singleton_lock.client import LockClient, redis_for
 from celery_singleton_lock.config import settings_for
 from celery_singleton_lock.engine import RedisLock
 from celery_singleton_lock.engine.stack import Stack
-from celery_singleton_lock.keys import KeyBuilder, check_lock_keys, key_builder, signature_names
+from celery_singleton_lock.key_builder import KeyBuilder, key_builder
+from celery_singleton_lock.keys import check_lock_keys, signature_names
 from celery_singleton_lock.limits import call_stack, check_limit_fields, stack_tag
 from celery_singleton_lock.modes import Plan, check_combinations, plan_for
 from celery_singleton_lock.modes.scope import queue_token, task_group

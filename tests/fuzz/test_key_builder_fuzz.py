@@ -1,4 +1,4 @@
-"""A task's cached key builder (``keys.key_builder``) gives exactly the key of the general
+"""A task's cached key builder (``key_builder.key_builder``) gives exactly the key of the general
 ``task_lock_key`` for every call: arguments of any type, positional or by name, missing,
 extra or duplicated (calls that do not bind), under every ``lock_keys`` form and with a
 stacked-limit tag."""
@@ -10,7 +10,8 @@ from typing import Any
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from celery_singleton_lock.keys import key_builder, task_lock_key
+from celery_singleton_lock.key_builder import key_builder
+from celery_singleton_lock.keys import task_lock_key
 
 FUZZ = settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
