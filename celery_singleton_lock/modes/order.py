@@ -27,6 +27,7 @@ from celery_singleton_lock.modes.park import Park
 from celery_singleton_lock.modes.parking import (
     HEADER_PARKED,
     HEADER_TURN,
+    ordered,
     priority_rank,
     take_turn,
     turn_of,
@@ -58,7 +59,7 @@ class Order(Mode):
     name = "order"
     rules: ClassVar[tuple[Combination, ...]] = (
         Combination(
-            lambda o, _: o.order == "enqueue" and o.on_conflict != "park",
+            lambda o, _: ordered(o) and o.on_conflict != "park",
             "lock_order='enqueue' needs lock_on_conflict='park' (a message delivered ahead "
             "of its turn parks until the calls before it are done)",
         ),
@@ -66,7 +67,7 @@ class Order(Mode):
 
     @classmethod
     def applies(cls, options: LockOptions) -> bool:
-        return options.order == "enqueue" and options.on_conflict == "park"
+        return ordered(options) and options.on_conflict == "park"
 
     def before_publish(self, call: Publish) -> AnyResult | None:
         """Take the call's turn and put it in its message; a call with a countdown or ETA

@@ -47,6 +47,7 @@ from celery_singleton_lock.modes.parking import (
     leave_held,
     mark_parked,
     milliseconds,
+    ordered,
     parking_index,
     priority_rank,
     take_turn,
@@ -134,7 +135,7 @@ class Park(ConflictPolicy):
             grant_ms=milliseconds(options.queue_timeout),
             most=SWEEP_CALLS,
             slots=options.limit,
-            ordered=options.order == "enqueue",
+            ordered=ordered(options),
         )
         return Swept(active, [decode_call(handed.task_id, handed.payload)[1] for handed in calls])
 
@@ -280,7 +281,7 @@ class Park(ConflictPolicy):
                 lock,
                 milliseconds(ending.options.queue_timeout),
                 ending.record,
-                ordered=ending.task_id if ending.options.order == "enqueue" else None,
+                ordered=ending.task_id if ordered(ending.options) else None,
             )
         except LockBackendError as exc:
             log.error("could not hand %s to its parked calls: %s", lock.name, exc)
@@ -351,7 +352,7 @@ class Park(ConflictPolicy):
             keep_ms=keep_ms(options),
             grant_ms=milliseconds(options.queue_timeout),
             slots=options.limit,
-            ordered=options.order == "enqueue",
+            ordered=ordered(options),
         )
 
     def _parked(self, task: Any, key: str, task_id: str, position: int, scope: str) -> None:

@@ -183,6 +183,12 @@ def priority_rank(app: Any, priority: Any) -> int:
     return number if lowest_first else 255 - number
 
 
+def ordered(options: LockOptions) -> bool:
+    """Whether a key's calls take turns in its line (``lock_order="enqueue"``), rather than
+    run in the order their messages arrive: the one place the park queue asks."""
+    return options.order == "enqueue"
+
+
 def take_turn(
     client: LockClient, key: str, task_id: str, *, rank: int, options: LockOptions
 ) -> int:
@@ -197,7 +203,7 @@ def turn_of(run: Run) -> int | None:
     """The turn of a delivered call in its key's line: from its message, else taken now
     (it was published with a countdown or ETA, or not through ``apply_async``); None when
     its key's calls run in arrival order."""
-    if run.options.order != "enqueue":
+    if not ordered(run.options):
         return None
     carried = run.header(HEADER_TURN)
     if carried is not None:
