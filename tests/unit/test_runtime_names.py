@@ -51,3 +51,15 @@ def test_the_check_sees_a_name() -> None:
     texts = [n.value for n in ast.walk(tree) if isinstance(n, ast.Constant)]
     assert "enqueue" in texts
     assert "enqueue" in registered_values()
+
+
+def test_a_task_with_default_options_runs_no_hook() -> None:
+    """A plan lists per phase only the hooks that change it: with default options, none."""
+    from celery_singleton_lock.modes import PHASES, plan_for
+    from celery_singleton_lock.options import LockOptions
+
+    plan = plan_for(LockOptions())
+    assert {phase: getattr(plan, phase) for phase in PHASES} == dict.fromkeys(PHASES, ())
+    queued = plan_for(LockOptions(scope="queue", on_lost="raise"))
+    assert [type(mode).__name__ for mode in queued.guard] == ["RaiseOnLost"]
+    assert [type(mode).__name__ for mode in queued.claim] == ["QueueScope"]
