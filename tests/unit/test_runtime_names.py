@@ -9,7 +9,8 @@ import ast
 from pathlib import Path
 
 from celery_singleton_lock import options, runtime
-from celery_singleton_lock.modes import POLICIES, SCOPES
+from celery_singleton_lock.modes import PHASES, POLICIES, SCOPES, plan_for
+from celery_singleton_lock.options import LockOptions
 
 RUNTIME = Path(runtime.__file__).parent
 
@@ -55,9 +56,6 @@ def test_the_check_sees_a_name() -> None:
 
 def test_a_task_with_default_options_runs_no_hook() -> None:
     """A plan lists per phase only the hooks that change it: with default options, none."""
-    from celery_singleton_lock.modes import PHASES, plan_for
-    from celery_singleton_lock.options import LockOptions
-
     plan = plan_for(LockOptions())
     assert {phase: getattr(plan, phase) for phase in PHASES} == dict.fromkeys(PHASES, ())
     queued = plan_for(LockOptions(scope="queue", on_lost="raise"))
