@@ -44,6 +44,8 @@ MIDDLE = ["celery==5.6.3", "kombu[redis]==5.6.2", "redis==6.4.0"]
 MATRIX_TESTS = [
     "tests/unit", "tests/lock", "tests/worker", "tests/compat", "tests/plugin",
     "tests/modes/test_combinations.py", "tests/modes/test_round_trips.py",
+    "tests/modes/test_fake_policies.py", "tests/modes/test_fake_modes.py",
+    "tests/modes/test_worker_round_trips.py",
 ]  # fmt: skip
 
 

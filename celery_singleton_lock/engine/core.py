@@ -11,7 +11,7 @@ import os
 import time
 import weakref
 from collections.abc import Hashable
-from typing import Any, ClassVar, Generic, Self, TypeVar, cast
+from typing import Any, ClassVar, Generic, TypeVar, cast
 
 from celery_singleton_lock.engine import rules
 from celery_singleton_lock.engine.holds import Hold, HoldView
@@ -23,6 +23,8 @@ __all__ = ["Client", "LockCore"]
 
 #: The client type of an engine (sync or asyncio).
 Client = TypeVar("Client")
+#: A lock class (``owner_of`` gives one of the caller's own class).
+_Lock = TypeVar("_Lock", bound="LockCore[Any]")
 
 
 class LockCore(HoldView, Generic[Client]):
@@ -139,7 +141,7 @@ class LockCore(HoldView, Generic[Client]):
     def _wire(self, *args: Any, **kwargs: Any) -> Any:
         raise NotImplementedError
 
-    def owner_of(self, token: str) -> Self:
+    def owner_of(self: _Lock, token: str) -> _Lock:
         """A lock of the same key, client, protocol and slots that acts for the hold under
         owner ``token`` (one this instance did not take): to release, extend or claim it."""
         return type(self)(
