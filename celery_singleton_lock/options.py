@@ -28,7 +28,7 @@ from celery.exceptions import ImproperlyConfigured
 
 from celery_singleton_lock.client import REDIS_URL_SCHEMES, mask_url, url_error
 from celery_singleton_lock.engine.constants import MAX_DURATION
-from celery_singleton_lock.limits import MAX_WEIGHT, LimitsOption, WeightOption, parse_limits
+from celery_singleton_lock.stacking import MAX_WEIGHT, LimitsOption, WeightOption, parse_limits
 
 __all__ = [
     "CONFLICT_POLICIES",

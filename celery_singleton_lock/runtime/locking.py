@@ -23,11 +23,11 @@ from celery_singleton_lock.engine import RedisLock
 from celery_singleton_lock.engine.stack import Stack
 from celery_singleton_lock.key_builder import KeyBuilder, key_builder
 from celery_singleton_lock.keys import check_lock_keys, signature_names
-from celery_singleton_lock.limits import call_stack, check_limit_fields, stack_tag
 from celery_singleton_lock.modes import Plan, check_combinations, plan_for
 from celery_singleton_lock.modes.scope import queue_token, task_group
 from celery_singleton_lock.options import TASK_OPTION_PREFIX, LockOptions, Settings
 from celery_singleton_lock.runtime.process import HOST, process_identity
+from celery_singleton_lock.stacking import call_stack, check_limit_fields, stack_tag
 
 if TYPE_CHECKING:
     from celery import Task

@@ -12,7 +12,7 @@ from redis.cluster import RedisCluster
 from celery_singleton_lock import RedisLock
 from celery_singleton_lock.engine.stack import Limit, Stack, stack_base
 from celery_singleton_lock.keys import task_lock_key
-from celery_singleton_lock.limits import stack_tag
+from celery_singleton_lock.stacking import stack_tag
 
 
 def _job(report: str, tenant: str) -> None:

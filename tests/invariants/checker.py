@@ -68,7 +68,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from celery_singleton_lock.limits import render_limit
+from celery_singleton_lock.stacking import render_limit
 from tests.invariants.modes import MODES, Mode
 from tests.invariants.recording import KILL_LANDS
 from tests.invariants.records import (
@@ -655,7 +655,7 @@ def _check_overlaps(run: _Run) -> None:
 def limit_shares(mode: Mode, bound: Mapping[str, Any]) -> tuple[int, dict[str, int]]:
     """(weight, {limit name: number}) of a run of ``mode`` with the ``bound`` arguments,
     as the package takes them: each template rendered by the package's own
-    :func:`~celery_singleton_lock.limits.render_limit`, two templates rendering one name
+    :func:`~celery_singleton_lock.stacking.render_limit`, two templates rendering one name
     counting its smaller number, a callable weight called with the arguments as keywords.
     ``(1, {})`` for a mode without stacked limits."""
     numbers: dict[str, int] = {}

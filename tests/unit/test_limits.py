@@ -16,9 +16,9 @@ from celery.exceptions import ImproperlyConfigured
 from celery_singleton_lock import LockedTask
 from celery_singleton_lock.engine.keyspace import base_key, split_key
 from celery_singleton_lock.engine.stack import MAX_NAME, Stack, hash_tag, is_stacked, stack_base
-from celery_singleton_lock.limits import call_stack, parse_limits, render_limit, template_fields
 from celery_singleton_lock.options import validate_task_options
 from celery_singleton_lock.runtime.locking import locking_for
+from celery_singleton_lock.stacking import call_stack, parse_limits, render_limit, template_fields
 
 
 def export(report: str, tenant: Any, size: int = 1) -> None:
