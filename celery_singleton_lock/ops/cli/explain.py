@@ -3,8 +3,6 @@ rendering are :mod:`celery_singleton_lock.ops.explain`'s)."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import click
 from celery.bin.base import CeleryCommand, CeleryOption
 
@@ -14,6 +12,7 @@ from celery_singleton_lock.ops.cli._common import (
     _one_line,
     _redis_errors,
     _settings,
+    json_option,
 )
 from celery_singleton_lock.ops.cli.key import (
     _fitting_kwargs,
@@ -21,9 +20,6 @@ from celery_singleton_lock.ops.cli.key import (
     _locked_task,
 )
 from celery_singleton_lock.ops.explain import explain_task, json_arguments, render
-
-if TYPE_CHECKING:
-    pass
 
 __all__ = ["explain"]
 
@@ -40,13 +36,9 @@ __all__ = ["explain"]
     help_group="Explain Options",
     help="The keyword arguments of the call, as a JSON object, e.g. '{\"user_id\": 7}'.",
 )
-@click.option(
-    "--json",
-    "as_json",
-    cls=CeleryOption,
-    is_flag=True,
-    help_group="Explain Options",
-    help="Print a JSON object (key, state, holders, waiters, parked, follow_up, throttle, "
+@json_option(
+    "Explain Options",
+    "Print a JSON object (key, state, holders, waiters, parked, follow_up, throttle, "
     "debounce, ...) instead of text.",
 )
 @click.pass_context
