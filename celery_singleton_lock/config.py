@@ -70,6 +70,13 @@ def _written(conf: Mapping[str, Any]) -> dict[str, tuple[str, Any]]:
     namespace) head, it starts with ``singleton_lock_``. The lowercase spelling wins when a
     setting is written twice.
     """
+    return written_settings(conf, SETTING_PREFIX)
+
+
+def written_settings(conf: Mapping[str, Any], prefix: str) -> dict[str, tuple[str, Any]]:
+    """Every setting in ``conf`` whose name, lowercased and without a ``celery_`` (or the
+    configured namespace) head, starts with ``prefix``: canonical name -> (name as written,
+    value). The lowercase spelling wins when a setting is written twice."""
     heads = {"", "celery_", _namespace(conf)}
     found: dict[str, tuple[str, Any]] = {}
     for key in list(conf.keys()):
@@ -77,7 +84,7 @@ def _written(conf: Mapping[str, Any]) -> dict[str, tuple[str, Any]]:
             continue
         lowered = key.lower()
         for head in heads:
-            if lowered.startswith(head + SETTING_PREFIX):
+            if lowered.startswith(head + prefix):
                 canonical = lowered[len(head) :]
                 if canonical not in found or key == canonical:
                     found[canonical] = (key, conf[key])

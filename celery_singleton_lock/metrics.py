@@ -61,53 +61,43 @@ show nothing of its pool processes, so :func:`install` logs an error at worker s
 
 from __future__ import annotations
 
-import dataclasses
-import logging
-import math
 import os
-import threading
-from dataclasses import dataclass
 from typing import Any
 
-from celery import Task, bootsteps
-
-from celery_singleton_lock._observe import (
-    beat_deposed,
-    beat_elected,
-    beat_slot_caught_up,
-    beat_slot_sent,
-    beat_slot_skipped,
-    beat_slots_missed,
-    lock_acquired,
-    lock_coalesced,
-    lock_conflict,
-    lock_debounced,
-    lock_lost,
-    lock_parked,
-    lock_reaped,
-    lock_released,
-    lock_renewed,
-    lock_superseded,
-    lock_throttled,
-    lock_unparked,
-)
-from celery_singleton_lock.client import redis_for
-from celery_singleton_lock.config import settings_for
-from celery_singleton_lock.modes import REPORTED
-from celery_singleton_lock.ops.limits import LimitRow, code_limits, read_limits
-from celery_singleton_lock.options import SCOPES
+from celery import bootsteps
 
 try:
-    from prometheus_client import REGISTRY, CollectorRegistry, Counter, Histogram
+    from prometheus_client import REGISTRY, CollectorRegistry
     from prometheus_client import start_http_server as _start_http_server
-    from prometheus_client.core import GaugeMetricFamily
     from prometheus_client.multiprocess import MultiProcessCollector
-    from prometheus_client.registry import Collector
 except ImportError as exc:  # pragma: no cover - depends on the environment
     raise ImportError(
         "celery_singleton_lock.metrics needs prometheus_client: "
         "pip install 'celery-singleton-lock[metrics]'"
     ) from exc
+
+# HELD_BUCKETS ... WAIT_BUCKETS, limit_rows: names of this module before its parts moved to
+# ``_metrics``, still importable from here.
+from celery_singleton_lock._metrics.gauges import (
+    LimitsCollector,
+    limit_rows,  # noqa: F401
+)
+from celery_singleton_lock._metrics.objects import (
+    HELD_BUCKETS,  # noqa: F401
+    LIMIT_GAUGES,  # noqa: F401
+    LIMIT_SERIES,
+    POLICY_LABELS,  # noqa: F401
+    PREFIX,  # noqa: F401
+    SCOPE_LABELS,  # noqa: F401
+    UNKNOWN,  # noqa: F401
+    WAIT_BUCKETS,  # noqa: F401
+    LockMetrics,
+    Series,
+    exposed,
+    log,
+    reference_markdown,
+)
+from celery_singleton_lock._metrics.receivers import enable
 
 __all__ = [
     "LIMIT_SERIES",
@@ -121,328 +111,6 @@ __all__ = [
     "reference_markdown",
     "serve",
 ]
-
-log = logging.getLogger("celery_singleton_lock.metrics")
-
-PREFIX = "celery_singleton_lock"
-#: Seconds: acquisitions are milliseconds unless they wait (``lock_wait`` is 60 s by default).
-WAIT_BUCKETS = (0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1.0, 5.0, 10.0, 30.0, 60.0, 300.0)
-#: Seconds: from short critical sections to hour-long jobs.
-HELD_BUCKETS = (0.01, 0.05, 0.1, 0.5, 1.0, 5.0, 10.0, 30.0, 60.0, 300.0, 900.0, 3600.0)
-#: The label value of anything outside a label's bounded set (a sender that is not a task).
-UNKNOWN = "unknown"
-#: The ``scope`` label's values.
-SCOPE_LABELS = frozenset(SCOPES)
-#: The ``policy`` label's values: what the signals report, the conflict policies' and a
-#: debounced call's (``modes.REPORTED``).
-POLICY_LABELS = frozenset(REPORTED)
-#: The most ``limit`` series each limit gauge shows (the fullest limits first).
-LIMIT_SERIES = 100
-#: The limit gauges: (name, help).
-LIMIT_GAUGES = (
-    ("limit_in_use", "Weight of the live shares of a stacked limit (lock_limits)."),
-    ("limit_holds", "Runs holding a share of a stacked limit (lock_limits)."),
-    ("limit_number", "The number of a stacked limit that applies now (set in Redis, else code)."),
-)
-
-
-class LimitsCollector(Collector):
-    """The limit gauges of ``app``, read from its lock Redis when scraped (one ``HGETALL``,
-    a ``SCAN`` of the app's limit keys and one pipelined read; see ``celery locks limit
-    list``, which shows the same). A Redis error is logged and the gauges are left out of
-    that scrape."""
-
-    def __init__(self, app: Any, most: int = LIMIT_SERIES) -> None:
-        self.app = app
-        self.most = most
-
-    def describe(self) -> list[Any]:
-        return [GaugeMetricFamily(f"{PREFIX}_{name}", text) for name, text in LIMIT_GAUGES]
-
-    def collect(self) -> list[Any]:
-        try:
-            rows = limit_rows(self.app)
-        except Exception as exc:  # noqa: BLE001 - a scrape never fails for the locks
-            log.warning("singleton lock metrics: could not read the stacked limits: %s", exc)
-            return []
-        families = [
-            GaugeMetricFamily(f"{PREFIX}_{name}", text, labels=["limit"])
-            for name, text in LIMIT_GAUGES
-        ]
-        live = [row for row in rows if row.in_use is not None]
-        live.sort(key=lambda row: (-(row.in_use or 0), row.name))
-        for row in live[: self.most]:
-            number = min(row.applies, default=None)
-            values = (row.in_use, row.holds, number)
-            for family, value in zip(families, values, strict=True):
-                if value is not None and value != math.inf:
-                    family.add_metric([row.name], float(value))
-        return families
-
-
-@dataclass(frozen=True)
-class LockMetrics:
-    """The metric objects, registered once per registry."""
-
-    acquired: Counter
-    conflicts: Counter
-    wait: Histogram
-    held: Histogram
-    lost: Counter
-    renewals: Counter
-    throttled: Counter
-    coalesced: Counter
-    superseded: Counter
-    debounced: Counter
-    reaped: Counter
-    parked: Counter
-    unparked: Counter
-    beat_elected: Counter
-    beat_deposed: Counter
-    beat_slots: Counter
-
-    @classmethod
-    def create(cls, registry: CollectorRegistry) -> LockMetrics:
-        """Register every metric in ``registry``."""
-        return cls(
-            acquired=Counter(
-                f"{PREFIX}_acquired",
-                "Task runs that took their singleton lock.",
-                ["task", "scope"],
-                registry=registry,
-            ),
-            conflicts=Counter(
-                f"{PREFIX}_conflicts",
-                "Task runs (or queue-scope publishes) that found their "
-                "lock held, by the policy applied.",
-                ["task", "policy"],
-                registry=registry,
-            ),
-            wait=Histogram(
-                f"{PREFIX}_wait_seconds",
-                "Seconds from a run's first try to holding its lock.",
-                ["task"],
-                buckets=WAIT_BUCKETS,
-                registry=registry,
-            ),
-            held=Histogram(
-                f"{PREFIX}_held_seconds",
-                "Seconds a run held its lock, counted at release.",
-                ["task"],
-                buckets=HELD_BUCKETS,
-                registry=registry,
-            ),
-            lost=Counter(
-                f"{PREFIX}_lost",
-                "Leases lost while the task body ran.",
-                ["task"],
-                registry=registry,
-            ),
-            renewals=Counter(
-                f"{PREFIX}_renewals",
-                "Lease extensions while a run held its lock.",
-                ["task"],
-                registry=registry,
-            ),
-            throttled=Counter(
-                f"{PREFIX}_throttled",
-                "Task runs that did not start because their key used "
-                "up its lock_rate_limit, by the policy applied.",
-                ["task", "policy"],
-                registry=registry,
-            ),
-            coalesced=Counter(
-                f"{PREFIX}_coalesced",
-                "Calls that became (or updated) a pending follow-up instead of being published.",
-                ["task"],
-                registry=registry,
-            ),
-            superseded=Counter(
-                f"{PREFIX}_superseded",
-                "Queued calls superseded by a newer one (replace).",
-                ["task"],
-                registry=registry,
-            ),
-            debounced=Counter(
-                f"{PREFIX}_debounced",
-                "Debounced messages that ended without running: a "
-                "later call of their burst runs instead.",
-                ["task"],
-                registry=registry,
-            ),
-            reaped=Counter(
-                f"{PREFIX}_reaped",
-                "Holds freed by `celery locks reap` (holder proven gone).",
-                ["task"],
-                registry=registry,
-            ),
-            parked=Counter(
-                f"{PREFIX}_parked",
-                "Calls parked in their key's queue (lock_on_conflict='park') instead of "
-                "waiting in a worker or retrying.",
-                ["task"],
-                registry=registry,
-            ),
-            unparked=Counter(
-                f"{PREFIX}_unparked",
-                "Parked calls that were handed their key and started.",
-                ["task"],
-                registry=registry,
-            ),
-            beat_elected=Counter(
-                f"{PREFIX}_beat_elected",
-                "Beat replicas (LeaderScheduler) that became the leader of their group.",
-                registry=registry,
-            ),
-            beat_deposed=Counter(
-                f"{PREFIX}_beat_deposed",
-                "Beat leaders that stopped leading (lease taken, lost, or the replica stopped).",
-                registry=registry,
-            ),
-            beat_slots=Counter(
-                f"{PREFIX}_beat_slots",
-                "Slots of beat entries by outcome: sent, caught_up (a missed slot sent by the "
-                "catch-up rule), skipped (taken already), missed (not sent by the catch-up rule).",
-                ["outcome"],
-                registry=registry,
-            ),
-        )
-
-
-_guard = threading.Lock()
-#: The metrics of each registry enabled, by ``id``; the registry is kept with them, so its
-#: ``id`` cannot be reused by another registry while the entry exists.
-_enabled: dict[int, tuple[CollectorRegistry, LockMetrics]] = {}
-_current: LockMetrics | None = None
-
-
-def _task_name(sender: Any) -> str:
-    """The ``task`` label: the sending task's name, else ``unknown`` (never a repr, which
-    would carry a memory address and make a new series per process)."""
-    name = getattr(sender, "name", None) if isinstance(sender, Task) else None
-    return name if isinstance(name, str) and name else UNKNOWN
-
-
-def _one_of(value: Any, allowed: frozenset[str]) -> str:
-    """``value`` when it is one of ``allowed``, else ``unknown``."""
-    return value if isinstance(value, str) and value in allowed else UNKNOWN
-
-
-def _on_acquired(sender: Any = None, scope: str = "", waited: float = 0.0, **_: Any) -> None:
-    if _current is not None:
-        _current.acquired.labels(_task_name(sender), _one_of(scope, SCOPE_LABELS)).inc()
-        _current.wait.labels(_task_name(sender)).observe(waited)
-
-
-def _on_conflict(sender: Any = None, policy: str = "", **_: Any) -> None:
-    if _current is not None:
-        _current.conflicts.labels(_task_name(sender), _one_of(policy, POLICY_LABELS)).inc()
-
-
-def _on_released(sender: Any = None, held: float | None = None, **_: Any) -> None:
-    if _current is not None and held is not None:
-        _current.held.labels(_task_name(sender)).observe(held)
-
-
-def _on_lost(sender: Any = None, **_: Any) -> None:
-    if _current is not None:
-        _current.lost.labels(_task_name(sender)).inc()
-
-
-def _on_renewed(sender: Any = None, **_: Any) -> None:
-    if _current is not None:
-        _current.renewals.labels(_task_name(sender)).inc()
-
-
-def _on_throttled(sender: Any = None, policy: str = "", **_: Any) -> None:
-    if _current is not None:
-        _current.throttled.labels(_task_name(sender), _one_of(policy, POLICY_LABELS)).inc()
-
-
-def _counting(name: str) -> Any:
-    """A receiver that counts one of the outcome metrics by task."""
-
-    def receive(sender: Any = None, **_: Any) -> None:
-        if _current is not None:
-            getattr(_current, name).labels(_task_name(sender)).inc()
-
-    return receive
-
-
-def _on_superseded(sender: Any = None, **_: Any) -> None:
-    # Counted once: where the superseding call is made, not again when the superseded
-    # message is delivered to a worker.
-    request: Any = getattr(sender, "request", None)
-    delivered = bool(getattr(request, "hostname", None)) and not getattr(request, "is_eager", True)
-    if _current is not None and not delivered:
-        _current.superseded.labels(_task_name(sender)).inc()
-
-
-def _on_beat_elected(**_: Any) -> None:
-    if _current is not None:
-        _current.beat_elected.inc()
-
-
-def _on_beat_deposed(**_: Any) -> None:
-    if _current is not None:
-        _current.beat_deposed.inc()
-
-
-def _beat_slots(outcome: str) -> Any:
-    """A receiver that counts beat slots of one outcome (``count`` of them when sent)."""
-
-    def receive(count: int = 1, caught_up: bool = False, **_: Any) -> None:
-        if _current is None:
-            return
-        if outcome == "sent" and caught_up:
-            return  # counted as caught_up
-        _current.beat_slots.labels(outcome).inc(max(0, int(count)))
-
-    return receive
-
-
-def enable(registry: CollectorRegistry | None = None) -> LockMetrics:
-    """Count lock events in ``registry`` (default: ``prometheus_client``'s ``REGISTRY``) from
-    now on, in this process and in processes forked from it. Idempotent per registry; the
-    last registry enabled is the one counted in."""
-    global _current  # noqa: PLW0603 - one set of metric objects per process
-    target = REGISTRY if registry is None else registry
-    with _guard:
-        entry = _enabled.get(id(target))
-        if entry is None:
-            entry = _enabled[id(target)] = (target, LockMetrics.create(target))
-        found = entry[1]
-        _current = found
-        for signal, receiver in (
-            (lock_acquired, _on_acquired),
-            (lock_conflict, _on_conflict),
-            (lock_released, _on_released),
-            (lock_lost, _on_lost),
-            (lock_renewed, _on_renewed),
-            (lock_throttled, _on_throttled),
-            (lock_coalesced, _counting("coalesced")),
-            (lock_superseded, _on_superseded),
-            (lock_debounced, _counting("debounced")),
-            (lock_reaped, _counting("reaped")),
-            (lock_parked, _counting("parked")),
-            (lock_unparked, _counting("unparked")),
-            (beat_elected, _on_beat_elected),
-            (beat_deposed, _on_beat_deposed),
-            (beat_slot_sent, _beat_slots("sent")),
-            (beat_slot_caught_up, _beat_slots("caught_up")),
-            (beat_slot_skipped, _beat_slots("skipped")),
-            (beat_slots_missed, _beat_slots("missed")),
-        ):
-            uid = f"csl.metrics.{getattr(signal, 'name', id(signal))}"
-            signal.connect(receiver, weak=False, dispatch_uid=uid)
-    return found
-
-
-def limit_rows(app: Any) -> list[LimitRow]:
-    """The stacked limits of ``app`` as ``celery locks limit list`` reads them."""
-    settings = settings_for(app)
-    client = redis_for(app, settings.url)
-    return read_limits(client, settings.prefix, code_limits(app))
 
 
 def multiprocess_dir() -> str | None:
@@ -511,63 +179,3 @@ def install(
         step = type("MetricsServer", (MetricsServer,), {"port": port, "addr": addr})
         app.steps["worker"].add(step)
     return metrics
-
-
-@dataclass(frozen=True)
-class Series:
-    """One series name Prometheus scrapes from a worker: its ``family`` (as registered),
-    the family's ``type``, its ``labels`` (in registration order) and help ``text``. A
-    counter ``x`` is scraped as ``x_total``; a histogram ``x`` as ``x_bucket`` (label
-    ``le`` added), ``x_sum`` and ``x_count``."""
-
-    name: str
-    family: str
-    type: str
-    labels: tuple[str, ...]
-    text: str
-
-
-def exposed() -> list[Series]:
-    """Every series the package exposes: the families :meth:`LockMetrics.create`
-    registers and the limit gauges :class:`LimitsCollector` reads at each scrape. The
-    reference table of the docs, the dashboard test and the docs' name check read it."""
-    metrics = LockMetrics.create(CollectorRegistry())
-    found: list[Series] = []
-    for row in dataclasses.fields(metrics):
-        metric = getattr(metrics, row.name)
-        (family,) = metric.describe()
-        labels = tuple(metric._labelnames)
-        text = family.documentation
-
-        def series(name: str, extra: tuple[str, ...] = ()) -> Series:
-            return Series(name, family.name, family.type, labels + extra, text)  # noqa: B023
-
-        if family.type == "counter":
-            found.append(series(f"{family.name}_total"))
-        elif family.type == "histogram":
-            found.append(series(f"{family.name}_bucket", ("le",)))
-            found += [series(f"{family.name}_sum"), series(f"{family.name}_count")]
-        else:
-            found.append(series(family.name))
-    for name, text in LIMIT_GAUGES:
-        family_name = f"{PREFIX}_{name}"
-        found.append(Series(family_name, family_name, "gauge", ("limit",), text))
-    return found
-
-
-def reference_markdown() -> str:
-    """The reference table of the metrics for the docs, generated from :func:`exposed`
-    (each family's exposed name, type, labels and help text)."""
-    lines = ["| metric | type | labels | what |", "|---|---|---|---|"]
-    seen: set[str] = set()
-    for series in exposed():
-        if series.family in seen:
-            continue
-        seen.add(series.family)
-        name = series.name if series.type == "counter" else series.family
-        labels = ", ".join(f"`{label}`" for label in series.labels if label != "le")
-        what = series.text.replace("|", "\\|")
-        if series.type == "gauge":
-            what += " Read at each scrape."
-        lines.append(f"| `{name}` | {series.type} | {labels} | {what} |")
-    return "\n".join(lines) + "\n"

@@ -19,6 +19,7 @@ from celery.beat import Scheduler
 from celery.exceptions import ImproperlyConfigured
 from celery.utils.imports import load_extension_class_names, symbol_by_name
 
+from celery_singleton_lock.config import written_settings
 from celery_singleton_lock.engine.constants import MAX_DURATION
 from celery_singleton_lock.options import did_you_mean
 
@@ -168,20 +169,7 @@ def _written(conf: Mapping[str, Any]) -> dict[str, tuple[str, Any]]:
     """Every beat setting in ``conf``: canonical name -> (name as written, value), under any
     spelling (``singleton_beat_x``, ``SINGLETON_BEAT_X``, ``CELERY_SINGLETON_BEAT_X`` or the
     configured namespace's prefix); the lowercase spelling wins when written twice."""
-    prefix = vars(conf).get("prefix") if hasattr(conf, "__dict__") else None
-    heads = {"", "celery_", prefix.lower() if isinstance(prefix, str) else ""}
-    found: dict[str, tuple[str, Any]] = {}
-    for key in list(conf.keys()):
-        if not isinstance(key, str):
-            continue
-        lowered = key.lower()
-        for head in heads:
-            if lowered.startswith(head + BEAT_PREFIX):
-                canonical = lowered[len(head) :]
-                if canonical not in found or key == canonical:
-                    found[canonical] = (key, conf[key])
-                break
-    return found
+    return written_settings(conf, BEAT_PREFIX)
 
 
 def read_beat_settings(conf: Mapping[str, Any]) -> BeatSettings:

@@ -13,9 +13,12 @@ from celery_singleton_lock.exceptions import LockBackendError
 
 __all__ = [
     "LockClient",
+    "Record",
     "at_maxmemory",
     "backend_error",
     "call",
+    "reply_bytes",
+    "reply_text",
     "server_time",
     "socket_timeout",
     "time_reply",
@@ -26,6 +29,20 @@ __all__ = [
 LockClient = redis.Redis | RedisCluster
 
 _T = TypeVar("_T")
+
+#: ``(done set, task id, keep ms)``: in the same atomic step, the task id is recorded as
+#: finished in the lock's done set (``keyspace.DONE``), kept that long, as a release does.
+Record = tuple[str, str, int]
+
+
+def reply_text(part: Any) -> str:
+    """One part of a script's reply as text."""
+    return part.decode() if isinstance(part, bytes) else str(part)
+
+
+def reply_bytes(part: Any) -> bytes:
+    """One part of a script's reply as bytes."""
+    return part if isinstance(part, bytes) else str(part).encode()
 
 
 def time_reply(reply: Any) -> tuple[int, int]:

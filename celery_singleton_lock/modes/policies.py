@@ -199,30 +199,27 @@ class Skip(ConflictPolicy):
                 "%s[%s] skipped: %s is held by %s", run.task.name, run.task_id, run.key, holder_id
             )
         tell(run, "skip", holder)
-        observe.skipped(
-            run.task,
-            run.client,
-            prefix=run.settings.prefix,
-            key=run.key,
-            task_id=run.task_id,
-            holder_task_id=holder_id,
-            explanation=explain_run(run),
-        )
+        self._keep_record(run, holder_id)
         return None
 
     def throttled(self, run: Run, retry_in: float) -> bool:
         run.give_back()
+        self._keep_record(run, None, reason="throttled")
+        return False
+
+    @staticmethod
+    def _keep_record(run: Run, holder_task_id: str | None, reason: str = "held") -> None:
+        """Keep the skip record of ``run`` (``skip_info``), with what it explains now."""
         observe.skipped(
             run.task,
             run.client,
             prefix=run.settings.prefix,
             key=run.key,
             task_id=run.task_id,
-            holder_task_id=None,
-            reason="throttled",
+            holder_task_id=holder_task_id,
+            reason=reason,
             explanation=explain_run(run),
         )
-        return False
 
     def publish_conflict(self, call: Publish, lock: RedisLock) -> AnyResult:
         return publish_conflict(call, lock, raises=False)

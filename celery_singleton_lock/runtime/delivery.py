@@ -21,7 +21,7 @@ from celery_singleton_lock.runtime.process import process_state
 if TYPE_CHECKING:
     from celery_singleton_lock.runtime.context import Run
 
-__all__ = ["known_task", "reclaim_from_dead_delivery", "task_holder"]
+__all__ = ["free_hold", "known_task", "reclaim_from_dead_delivery", "task_holder"]
 
 log = logging.getLogger("celery_singleton_lock.task")
 
@@ -36,6 +36,16 @@ def known_task(lock: RedisLock, task_id: str) -> bool:
     return task_holder(lock, task_id) is not None or finished(lock, task_id)
 
 
+def free_hold(lock: RedisLock, token: str) -> bool:
+    """Release the hold of ``lock``'s key under owner ``token`` (owner-checked): whether it
+    was still that owner's to free."""
+    try:
+        lock.owner_of(token).release()
+    except LockNotOwned:
+        return False
+    return True
+
+
 def reclaim_from_dead_delivery(run: Run, holders: list[Holder]) -> bool:
     """Take the lock over from an earlier delivery of this very message whose process died
     holding it (acks_late + reject_on_worker_lost requeues without any failure signal):
@@ -47,10 +57,7 @@ def reclaim_from_dead_delivery(run: Run, holders: list[Holder]) -> bool:
         return False
     if process_state(holder.info) != "gone":
         return False
-    dead = lock.owner_of(holder.token)
-    try:
-        dead.release()
-    except LockNotOwned:
+    if not free_hold(lock, holder.token):
         return False
     log.warning(
         "%s[%s]: took over the lock its dead earlier delivery held", run.task.name, run.task_id

@@ -10,7 +10,8 @@ the run in the same step.
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING, Any
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from celery import states
 
@@ -20,12 +21,46 @@ from celery_singleton_lock.exceptions import LockBackendError, LockNotOwned
 from celery_singleton_lock.runtime.context import RUN_ATTR
 
 if TYPE_CHECKING:
+    from celery_singleton_lock.engine import RedisLock
     from celery_singleton_lock.engine.atomic import Record
+    from celery_singleton_lock.modes.base import HandedCall
+    from celery_singleton_lock.options import LockOptions
     from celery_singleton_lock.runtime.context import Run
 
-__all__ = ["finish", "release_after_run"]
+__all__ = ["GivenUp", "finish", "release_after_run"]
 
 log = logging.getLogger("celery_singleton_lock.task")
+
+
+@dataclass(frozen=True)
+class GivenUp:
+    """A hold given up outside the end of a run: a refused run's claim (``run.Refused``),
+    the hold of a run that was lost or revoked (``lost.LostRun``). It is the ``Release`` a
+    mode's release hook gets (``modes.base``) and writes no record; a subclass publishes a
+    call handed the key, says whether it may block and how a freed hold is logged."""
+
+    task: Any
+    task_id: str
+    lock: RedisLock
+    options: LockOptions
+
+    #: Whether the release may hold up its thread while Redis errs.
+    blocking: ClassVar[bool] = True
+    #: How a freed hold is logged: its level, and a message on ``task``, ``task_id``, ``key``.
+    given_up: ClassVar[tuple[int, str]] = (logging.INFO, "%(task)s[%(task_id)s]: gave up %(key)s")
+
+    @property
+    def record(self) -> Record | None:
+        return None
+
+    def publish_past_lock(self, call: HandedCall) -> None:
+        raise NotImplementedError
+
+    def released(self, state: str | None, *, held: bool, hold: float = 0.0) -> None:
+        if held:
+            level, message = self.given_up
+            names = {"task": self.task.name, "task_id": self.task_id, "key": self.lock.name}
+            log.log(level, message, names)
 
 
 def release_after_run(task: Any, task_id: str, state: str | None) -> None:

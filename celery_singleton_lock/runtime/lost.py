@@ -25,14 +25,13 @@ from celery_singleton_lock.engine import RedisLock
 from celery_singleton_lock.exceptions import LockNotOwned
 from celery_singleton_lock.runtime import headers as hdr
 from celery_singleton_lock.runtime.context import publish_past_lock
-from celery_singleton_lock.runtime.delivery import task_holder
+from celery_singleton_lock.runtime.delivery import free_hold, task_holder
+from celery_singleton_lock.runtime.finish import GivenUp
 from celery_singleton_lock.runtime.process import process_state
 from celery_singleton_lock.runtime.run import run_locking
 
 if TYPE_CHECKING:
-    from celery_singleton_lock.engine.atomic import Record
     from celery_singleton_lock.modes.base import HandedCall
-    from celery_singleton_lock.options import LockOptions
     from celery_singleton_lock.runtime.locking import TaskLocking
 
 __all__ = [
@@ -56,37 +55,19 @@ HOLD_CHECK_INTERVAL = 1.0
 
 
 @dataclass(frozen=True)
-class LostRun:
+class LostRun(GivenUp):
     """The hold of a run that someone else frees (its worker's parent, a revoke)."""
 
-    task: Any
-    task_id: str
-    lock: RedisLock
     locking: TaskLocking
 
-    @property
-    def options(self) -> LockOptions:
-        return self.locking.options
-
-    @property
-    def record(self) -> Record | None:
-        return None
-
-    @property
-    def blocking(self) -> bool:
-        return False  # the worker's main process: the consumer must go on
+    blocking = False  # the worker's main process: the consumer must go on
+    given_up = (
+        logging.WARNING,
+        "released lock %(key)s of lost or revoked task %(task)s[%(task_id)s]",
+    )
 
     def publish_past_lock(self, call: HandedCall) -> None:
         publish_past_lock(self.task, self.locking, self.lock.name, call)
-
-    def released(self, state: str | None, *, held: bool, hold: float = 0.0) -> None:
-        if held:
-            log.warning(
-                "released lock %s of lost or revoked task %s[%s]",
-                self.lock.name,
-                self.task.name,
-                self.task_id,
-            )
 
     def release(self) -> bool:
         """Free the hold (owner-checked), unless a mode deals with the key (hands it to a
@@ -145,10 +126,7 @@ def release_for_dropped_message(app: Any, message: Any) -> bool:
     holder = task_holder(probe, str(task_id))
     if holder is None or holder.token is None or holder.info.get("queued") is not True:
         return False
-    owner = probe.owner_of(holder.token)
-    try:
-        owner.release()
-    except LockNotOwned:
+    if not free_hold(probe, holder.token):
         return False
     log.warning(
         "released lock %s of %s[%s]: the worker dropped its message without running it",
@@ -174,7 +152,7 @@ def release_for_lost_run(task: Any, task_id: str, args: Any, kwargs: Any, reques
             mode.forget(probe.client, key, task_id)
         return False
     owner = probe.owner_of(holder.token)
-    lost = LostRun(task, task_id, owner, locking)
+    lost = LostRun(task, task_id, owner, locking.options, locking)
     if holder.info.get("queued") is True:
         return lost.release()  # taken at publish, never ran
     state = process_state(holder.info)

@@ -28,7 +28,6 @@ from celery import states
 from celery.exceptions import Ignore, Reject, Retry
 
 from celery_singleton_lock import _observe as observe
-from celery_singleton_lock.engine import RedisLock
 from celery_singleton_lock.exceptions import (
     LockBackendError,
     LockNotOwned,
@@ -43,15 +42,13 @@ from celery_singleton_lock.modes.scope import queue_owner
 from celery_singleton_lock.runtime import headers as hdr
 from celery_singleton_lock.runtime.context import CURRENT, RUN_ATTR, Run
 from celery_singleton_lock.runtime.delivery import reclaim_from_dead_delivery
-from celery_singleton_lock.runtime.finish import release_after_run
+from celery_singleton_lock.runtime.finish import GivenUp, release_after_run
 from celery_singleton_lock.runtime.locking import TaskLocking, locking_for
 
 if TYPE_CHECKING:
     from celery import Task
 
     from celery_singleton_lock.engine import Holder
-    from celery_singleton_lock.engine.atomic import Record
-    from celery_singleton_lock.options import LockOptions
 
     AnyTask = Task[Any, Any]
 else:
@@ -161,39 +158,16 @@ def before_body(run: Run) -> Callable[[], Any]:
 
 
 @dataclass(frozen=True)
-class Refused:
+class Refused(GivenUp):
     """The hold a refused run's message had (``Run.lock.claim``), given up as the run
     fails: a mode may hand it on (to a parked call, a follow-up) as at the end of a run."""
 
     run: Run
-    lock: RedisLock
 
-    @property
-    def task(self) -> Any:
-        return self.run.task
-
-    @property
-    def task_id(self) -> str:
-        return self.run.task_id
-
-    @property
-    def options(self) -> LockOptions:
-        return self.run.options
-
-    @property
-    def record(self) -> Record | None:
-        return None
-
-    @property
-    def blocking(self) -> bool:
-        return True
+    given_up = (logging.INFO, "%(task)s[%(task_id)s]: refused, gave up %(key)s")
 
     def publish_past_lock(self, call: HandedCall) -> None:
         self.run.publish_past_lock(call)
-
-    def released(self, state: str | None, *, held: bool, hold: float = 0.0) -> None:
-        if held:
-            log.info("%s[%s]: refused, gave up %s", self.task.name, self.task_id, self.run.key)
 
 
 def give_back_claim(run: Run) -> None:
@@ -203,7 +177,7 @@ def give_back_claim(run: Run) -> None:
     if not claim:
         return
     owner = run.lock.owner_of(claim)
-    refused = Refused(run, owner)
+    refused = Refused(run.task, run.task_id, owner, run.options, run)
     try:
         for mode in run.locking.plan.release:
             if mode.release(refused, states.FAILURE):

@@ -1,16 +1,17 @@
 """What every ``celery locks`` command shares: the app and its lock settings, the lock
-client, one-line errors with the exit status of a Redis failure, and plain tables."""
+client, one-line errors with the exit status of a Redis failure, plain tables and the
+``--json`` flag."""
 
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator, Sequence
-from typing import TYPE_CHECKING
+from collections.abc import Callable, Iterator, Sequence
+from typing import TYPE_CHECKING, TypeVar
 
 import click
 import redis
 from celery._state import get_current_app
-from celery.bin.base import CLIContext
+from celery.bin.base import CeleryOption, CLIContext
 from celery.exceptions import CeleryCommandException, ImproperlyConfigured
 from celery.platforms import EX_UNAVAILABLE
 
@@ -116,3 +117,14 @@ def _table(rows: Sequence[tuple[str, ...]]) -> list[str]:
         "  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip()
         for row in rows
     ]
+
+
+_Command = TypeVar("_Command", bound=Callable[..., object])
+
+
+def json_option(group: str, text: str) -> Callable[[_Command], _Command]:
+    """The ``--json`` flag of a command (its ``as_json`` argument), in help group ``group``
+    with help ``text``."""
+    return click.option(
+        "--json", "as_json", cls=CeleryOption, is_flag=True, help_group=group, help=text
+    )

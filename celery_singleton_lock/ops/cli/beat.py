@@ -4,7 +4,6 @@ holds it."""
 from __future__ import annotations
 
 import json
-from typing import TYPE_CHECKING
 
 import click
 from celery.bin.base import CeleryCommand, CeleryOption
@@ -21,22 +20,16 @@ from celery_singleton_lock.ops.cli._common import (
     _redis_errors,
     _settings,
     _table,
+    json_option,
 )
-
-if TYPE_CHECKING:
-    pass
 
 __all__ = ["beat_state"]
 
 
 @click.command(name="beat", cls=CeleryCommand)
-@click.option(
-    "--json",
-    "as_json",
-    cls=CeleryOption,
-    is_flag=True,
-    help_group="Beat Options",
-    help="Print a JSON object (key, now, leader, replicas, slots) instead of text.",
+@json_option(
+    "Beat Options",
+    "Print a JSON object (key, now, leader, replicas, slots) instead of text.",
 )
 @click.option(
     "--group",

@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import json
-from typing import TYPE_CHECKING
 
 import click
 import redis
@@ -19,10 +18,8 @@ from celery_singleton_lock.ops.cli._common import (
     _one_line,
     _plural,
     _redis_failure,
+    json_option,
 )
-
-if TYPE_CHECKING:
-    pass
 
 __all__ = ["check"]
 
@@ -41,13 +38,9 @@ def _print_report(report: Report) -> None:
 
 
 @click.command(name="check", cls=CeleryCommand)
-@click.option(
-    "--json",
-    "as_json",
-    cls=CeleryOption,
-    is_flag=True,
-    help_group="Check Options",
-    help="Print a JSON object (url, prefix, scripting, checks, failures, warnings).",
+@json_option(
+    "Check Options",
+    "Print a JSON object (url, prefix, scripting, checks, failures, warnings).",
 )
 @click.option(
     "--strict",

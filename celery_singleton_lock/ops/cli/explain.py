@@ -22,6 +22,7 @@ from celery_singleton_lock.ops.cli._common import (
     _one_line,
     _redis_errors,
     _settings,
+    json_option,
 )
 from celery_singleton_lock.ops.cli.key import (
     _fitting_kwargs,
@@ -97,13 +98,9 @@ def render(explanation: Explanation, *, as_json: bool = False) -> str:
     help_group="Explain Options",
     help="The keyword arguments of the call, as a JSON object, e.g. '{\"user_id\": 7}'.",
 )
-@click.option(
-    "--json",
-    "as_json",
-    cls=CeleryOption,
-    is_flag=True,
-    help_group="Explain Options",
-    help="Print a JSON object (key, state, holders, waiters, parked, follow_up, throttle, "
+@json_option(
+    "Explain Options",
+    "Print a JSON object (key, state, holders, waiters, parked, follow_up, throttle, "
     "debounce, ...) instead of text.",
 )
 @click.pass_context

@@ -6,10 +6,9 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
 
 import click
-from celery.bin.base import CeleryCommand, CeleryOption
+from celery.bin.base import CeleryCommand
 
 from celery_singleton_lock.client import mask_url
 from celery_singleton_lock.ops.cli._common import (
@@ -19,6 +18,7 @@ from celery_singleton_lock.ops.cli._common import (
     _redis_errors,
     _settings,
     _table,
+    json_option,
 )
 from celery_singleton_lock.ops.limits import HEADINGS as LIMIT_HEADINGS
 from celery_singleton_lock.ops.limits import (
@@ -32,9 +32,6 @@ from celery_singleton_lock.ops.limits import (
     templates_of,
     unset_limit,
 )
-
-if TYPE_CHECKING:
-    pass
 
 __all__ = ["limit"]
 
@@ -134,13 +131,9 @@ def limit_unset(ctx: click.Context, name: str) -> None:
 
 
 @limit.command(name="list", cls=CeleryCommand)
-@click.option(
-    "--json",
-    "as_json",
-    cls=CeleryOption,
-    is_flag=True,
-    help_group="Limit Options",
-    help="Print a JSON list of objects (code and applies are lists) instead of a table.",
+@json_option(
+    "Limit Options",
+    "Print a JSON list of objects (code and applies are lists) instead of a table.",
 )
 @click.pass_context
 def limit_list(ctx: click.Context, as_json: bool) -> None:

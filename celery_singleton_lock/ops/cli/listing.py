@@ -4,7 +4,7 @@ run is doing and who comes next."""
 from __future__ import annotations
 
 import json
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import click
 from celery.bin.base import CeleryCommand, CeleryOption
@@ -23,23 +23,17 @@ from celery_singleton_lock.ops.cli._common import (
     _redis_errors,
     _settings,
     _table,
+    json_option,
 )
 from celery_singleton_lock.ops.reconcile import LockState, lock_states
-
-if TYPE_CHECKING:
-    pass
 
 __all__ = ["_EXTRA", "list_locks"]
 
 
 @click.command(name="list", cls=CeleryCommand)
-@click.option(
-    "--json",
-    "as_json",
-    cls=CeleryOption,
-    is_flag=True,
-    help_group="List Options",
-    help="Print a JSON list of objects (lease_left in seconds) instead of a table.",
+@json_option(
+    "List Options",
+    "Print a JSON list of objects (lease_left in seconds) instead of a table.",
 )
 @click.option(
     "--match",

@@ -4,7 +4,6 @@ one (the proofs are :mod:`celery_singleton_lock.ops.reconcile`'s)."""
 from __future__ import annotations
 
 import contextlib
-from typing import TYPE_CHECKING
 
 import click
 from celery.bin.base import CeleryCommand, CeleryOption
@@ -21,9 +20,6 @@ from celery_singleton_lock.ops.cli._common import (
     _settings,
 )
 from celery_singleton_lock.ops.reconcile import reap, watch_seconds
-
-if TYPE_CHECKING:
-    pass
 
 __all__ = ["reap_locks"]
 

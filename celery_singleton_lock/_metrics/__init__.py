@@ -1,0 +1,1 @@
+"""The parts of :mod:`celery_singleton_lock.metrics`: metric objects, receivers, limit gauges."""
