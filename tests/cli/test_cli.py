@@ -6,9 +6,12 @@ import json
 import re
 import subprocess
 import sys
+import threading
 import time
+import uuid
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import redis
 
@@ -19,6 +22,8 @@ from celery_singleton_lock.keys import task_lock_key
 from celery_singleton_lock.testing import RedisServer, free_port
 from tests.cli import cliproj
 from tests.cli.conftest import Run
+
+T = TypeVar("T")
 
 ROOT = Path(__file__).resolve().parents[2]
 TASK = "shop.buy"
@@ -221,6 +226,31 @@ def test_key_of_an_unlocked_task_is_an_error(run: Run) -> None:
     assert "'shop.restock' is not locked" in done.stderr
 
 
+def monitored(client: redis.Redis, action: Callable[[], T]) -> tuple[T, list[str]]:
+    """``action()``'s result, and the commands the server ran meanwhile (``MONITOR``)."""
+    marker = f"monitor-end-{uuid.uuid4().hex}"
+    seen: list[str] = []
+    ready = threading.Event()
+
+    def watch() -> None:
+        with client.monitor() as monitor:
+            ready.set()
+            while True:
+                command = str(monitor.next_command()["command"])
+                if marker in command:
+                    return
+                seen.append(command)
+
+    thread = threading.Thread(target=watch, daemon=True)
+    thread.start()
+    assert ready.wait(30)
+    result = action()
+    client.echo(marker)
+    thread.join(60)
+    assert not thread.is_alive()
+    return result, seen
+
+
 def test_clear_key_deletes_only_that_lock_and_its_signal_list(
     run: Run, client: redis.Redis, prefix: str
 ) -> None:
@@ -231,12 +261,19 @@ def test_clear_key_deletes_only_that_lock_and_its_signal_list(
     signal = companion_key(gone.name, "signal")
     client.rpush(signal, "1")
 
-    done = run("clear", gone.name, "--yes")
+    done, commands = monitored(client, lambda: run("clear", gone.name, "--yes"))
 
     assert done.returncode == 0, done.stderr
     assert "Cleared 1 lock." in done.stdout
     assert client.exists(gone.name) == 0
-    assert 0 < client.pttl(signal) <= SIGNAL_TTL_MS
+    # The wake-up and its expiry as the server received them (reading the TTL afterwards
+    # would race it: on a busy machine the 2 s can be over before the test looks).
+    wrote = [command.split() for command in commands if signal in command]
+    assert any(words[0].upper() == "RPUSH" for words in wrote), commands
+    assert [signal, str(SIGNAL_TTL_MS)] in [
+        words[1:] for words in wrote if words[0].upper() == "PEXPIRE"
+    ]
+    assert client.pttl(signal) in (-2, *range(1, SIGNAL_TTL_MS + 1))
     assert client.exists(kept.name) == 1
 
 

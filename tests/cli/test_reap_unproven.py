@@ -228,6 +228,10 @@ def test_a_hold_whose_lease_ran_out_is_freed(
     key = app.tasks["reap.long"].lock_key("expiring", 1.0)
     info = {"task_id": "gone-task", "task": "reap.long", "host": "box-9", "pid": 4242}
     assert RedisLock(client, key, timeout=4.0, holder_info=info).acquire(blocking=False)
+    # The value's lease ends in 4 s; the key itself is kept well past that, so it is still
+    # there when reap, on a busy machine, gets to free it (its own TTL, the lease plus a
+    # grace, could otherwise take it first, and reap would find it gone, not free it).
+    client.pexpire(key, 600_000)
     started = time.monotonic()
     done = reap("--watch", "300")
     assert done.returncode == 0, done.stderr

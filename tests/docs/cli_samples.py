@@ -121,7 +121,15 @@ def _produce(server: RedisServer, client: redis.Redis) -> dict[str, str]:
     buy = shopproj.buy.lock_key("sku-42", 7)
     export = shopproj.export.lock_key(42, "q3")
     _hold(client, buy, BUY_HOLDER, "shop.buy", "worker-1/4242")
-    waiter = RedisLock(client, buy, timeout=30.0, holder_info=_info(BUY_WAITER, "worker-2/5151"))
+    # fallback_poll: a waiter keeps its place in the queue for its poll period; a long one
+    # keeps it however late a busy machine lets the thread look again.
+    waiter = RedisLock(
+        client,
+        buy,
+        timeout=30.0,
+        holder_info=_info(BUY_WAITER, "worker-2/5151"),
+        fallback_poll=5.0,
+    )
     # It waits until the key is deleted below, after every command has run: its bound must
     # outlast all of them, however slow the machine (each starts a Python process).
     waiting = threading.Thread(target=waiter.acquire, kwargs={"timeout": WAIT_BOUND}, daemon=True)
@@ -186,7 +194,9 @@ def _queue_behind(client: redis.Redis, key: str) -> list[threading.Thread]:
 
     threads = []
     for count, (task_id, where) in enumerate(BUY_LATER, start=2):
-        lock = RedisLock(client, key, timeout=30.0, holder_info=_info(task_id, where))
+        lock = RedisLock(
+            client, key, timeout=30.0, holder_info=_info(task_id, where), fallback_poll=5.0
+        )
         threads.append(threading.Thread(target=take_turn, args=(lock,), daemon=True))
         threads[-1].start()
         _wait_until(queued(count), "a purchase queued")
