@@ -232,8 +232,16 @@ def monitored(client: redis.Redis, action: Callable[[], T]) -> tuple[T, list[str
     seen: list[str] = []
     ready = threading.Event()
 
+    # Its own connection, without the client's socket timeout: the CLI may take longer to
+    # start than that on a busy machine, and a timed-out read would end the watch early.
+    kwargs = {**client.connection_pool.connection_kwargs, "socket_timeout": None}
+    pool = client.connection_pool
+    watcher = redis.Redis(
+        connection_pool=redis.ConnectionPool(connection_class=pool.connection_class, **kwargs)
+    )
+
     def watch() -> None:
-        with client.monitor() as monitor:
+        with watcher.monitor() as monitor:
             ready.set()
             while True:
                 command = str(monitor.next_command()["command"])
@@ -247,6 +255,7 @@ def monitored(client: redis.Redis, action: Callable[[], T]) -> tuple[T, list[str
     result = action()
     client.echo(marker)
     thread.join(60)
+    watcher.close()
     assert not thread.is_alive()
     return result, seen
 
