@@ -3,6 +3,7 @@
 For servers where EVAL is disabled. Every nil case of the classic recipe is handled:
 
 * SETNX fails and GET returns nil: the holder released in between; go back to SETNX.
+  The same when a foreign value's TTL runs out between GET and the PTTL that reads it.
 * The value read is expired: take it over with GETSET under WATCH. If the key changed
   after GET (a rival took it over, or it was deleted), EXEC aborts and nothing is written,
   so we never clobber the winner; we start over. Because of WATCH, a GETSET that does run
@@ -55,7 +56,8 @@ class PlainProtocol(Protocol):
     steps of acquire where tests let a real rival act."""
 
     def step(self, where: str) -> None:
-        """Called between protocol steps ("after-setnx", "before-getset"); a no-op."""
+        """Called between protocol steps ("after-setnx", "after-get", "before-getset"); a
+        no-op."""
 
     @contextlib.contextmanager
     def _watching(self) -> Iterator[Any]:
@@ -107,7 +109,12 @@ class PlainProtocol(Protocol):
                             raise refused  # free, but the server refuses our write
                         continue  # released between SETNX and GET: try SETNX again
                     current = parse_value(raw)
+                    self.step("after-get")
                     ttl = pipe.pttl(self.name) if current.expiry_ms is None else None
+                    if ttl == -2:  # a foreign value's TTL ran out after GET: free now
+                        if refused is not None:
+                            raise refused
+                        continue
                     if current.held_at(now_ms, ttl) and current.token not in ours:
                         left = max(1, (current.expiry_ms or now_ms + (ttl or 1)) - now_ms)
                         if mode != b"x" and current.token is not None:

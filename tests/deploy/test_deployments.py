@@ -27,6 +27,7 @@ from benchmarks.sentinel import SentinelGroup
 from celery_singleton_lock import LockError, RedisLock
 from celery_singleton_lock.client import client_from_url
 from celery_singleton_lock.engine.keyspace import companion_key
+from celery_singleton_lock.engine.value import format_value
 from celery_singleton_lock.exceptions import LockBackendError
 from tests.deploy.conftest import Cluster, TlsRedisServer, wait_until
 from tests.lock.hammer import run_hammer
@@ -279,11 +280,13 @@ def lock_scenario(url: str, admin: redis.Redis, scripting: bool) -> None:
             return RedisLock(client, kwargs.pop("name", name), scripting=scripting, **kwargs)
 
         exercise_basics(make)
-        # An expired lease is taken over (the GETSET path in plain mode).
-        short, late = make(timeout=0.2), make(fallback_poll=5)
-        assert short.acquire(blocking=False)
-        assert not late.acquire(blocking=False)
-        assert late.acquire(timeout=3)
+        # An expired lease is taken over (the GETSET path in plain mode): a crashed holder's
+        # value whose expiry is past on the server clock while its key still has a TTL.
+        past = int(admin.time()[0]) * 1000 - 500
+        admin.set(name, format_value(past, False, "crashed", 7, ""), px=60_000)
+        late = make(fallback_poll=5)
+        assert late.acquire(blocking=False)
+        assert (late.fencing_token or 0) > 7
         late.release()
         assert_notified_handoff(lambda: make(timeout=120, fallback_poll=60), admin)
         # A waiter that gives up leaves the queue (ZREM, LPOP of a grant that raced it).
@@ -294,10 +297,11 @@ def lock_scenario(url: str, admin: redis.Redis, scripting: bool) -> None:
         assert admin.get(name) is None
         # A foreign value with a TTL counts as held until it expires (the PTTL path).
         tagged = f"{{csl:{uuid.uuid4().hex[:8]}}}:job"
-        admin.set(tagged, "not ours", px=200)
+        admin.set(tagged, "not ours", px=60_000)
         foreign = make(name=tagged)
         assert not foreign.acquire(blocking=False)
-        assert foreign.acquire(timeout=3)
+        admin.pexpire(tagged, 200)  # it runs out while the caller waits
+        assert foreign.acquire(timeout=30)
         foreign.release()
     finally:
         client.close()

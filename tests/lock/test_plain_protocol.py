@@ -109,3 +109,15 @@ def test_fence_stays_ahead_of_a_hold_that_fit_between_time_and_setnx(
     assert lock.acquire(blocking=False)
     assert rival_tokens
     assert (lock.fencing_token or 0) > rival_tokens[0]
+
+
+def test_a_foreign_value_that_expires_between_get_and_pttl_is_free_not_foreign(
+    client: redis.Redis, key: str
+) -> None:
+    """A foreign value with a TTL is read by GET and gone by the PTTL that asks how long it
+    has left (it expired in between; here a rival deletes it at that step). The key is free:
+    the acquire starts over and wins, and never reports a foreign value with no TTL."""
+    client.set(key, "not ours", px=60_000)
+    lock = Interleaved(client, key, timeout=10, at="after-get", rival=lambda: client.delete(key))
+    assert lock.acquire(blocking=False)
+    assert lock.owned()
