@@ -18,7 +18,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -26,6 +26,8 @@ import redis
 
 from celery_singleton_lock import LockNotOwned, RedisLock
 from celery_singleton_lock.engine.keyspace import companion_key
+from celery_singleton_lock.engine.protocol import grace_ms
+from celery_singleton_lock.engine.value import format_value, parse_value
 from celery_singleton_lock.testing import RedisServer
 from tests.docs import shopproj
 
@@ -90,12 +92,55 @@ def _wait_until(check: Callable[[], bool], what: str, timeout: float = 60.0) -> 
         time.sleep(0.02)
 
 
-def _hold(client: redis.Redis, key: str, task_id: str, task: str, where: str, **kw: int) -> None:
+#: The lease of every hold the samples take: the tasks' default ``lock_timeout``, so that
+#: ``locks explain`` knows it (and says whether it was renewed).
+LEASE_MS = 30_000
+
+
+def _hold(
+    client: redis.Redis, key: str, task_id: str, task: str, where: str, **kw: int
+) -> RedisLock:
     host, pid = where.split("/")
     info = {"task_id": task_id, "task": task, "host": host, "pid": int(pid)}
-    lock = RedisLock(client, key, timeout=30.0, holder_info=info, **kw)
+    lock = RedisLock(client, key, timeout=LEASE_MS / 1000, holder_info=info, **kw)
     if not lock.acquire(blocking=False):
         raise RuntimeError(f"{key} is taken")
+    return lock
+
+
+@contextlib.contextmanager
+def _kept(lock: RedisLock) -> Iterator[None]:
+    """Keep ``lock``'s lease from running out while the commands run (each one starts a
+    Python process: on a busy machine, together longer than the lease), then stop."""
+    stop = threading.Event()
+
+    def keep() -> None:
+        while not stop.wait(2.0):
+            lock.extend()
+
+    keeper = threading.Thread(target=keep, daemon=True)
+    keeper.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        keeper.join(timeout=60)
+
+
+def _begin_again(client: redis.Redis, key: str) -> None:
+    """Make the running hold at ``key`` one that began now, on the server's clock: the same
+    holder, a fresh 30 s lease and a fencing token of now, as when a purchase starts (the
+    hold :func:`_kept` renewed would show its renewal)."""
+    raw = client.get(key)
+    if raw is None:
+        raise RuntimeError(f"{key} is not held")
+    held = parse_value(raw)
+    seconds, micros = client.time()
+    now_us = int(seconds) * 1_000_000 + int(micros)
+    value = format_value(
+        now_us // 1000 + LEASE_MS, held.waiters, held.token or "", now_us, held.info
+    )
+    client.set(key, value, px=LEASE_MS + grace_ms(LEASE_MS))
 
 
 def _publish(server: RedisServer, code: str) -> None:
@@ -120,47 +165,51 @@ def produce() -> dict[str, str]:
 def _produce(server: RedisServer, client: redis.Redis) -> dict[str, str]:
     buy = shopproj.buy.lock_key("sku-42", 7)
     export = shopproj.export.lock_key(42, "q3")
-    _hold(client, buy, BUY_HOLDER, "shop.buy", "worker-1/4242")
-    # fallback_poll: a waiter keeps its place in the queue for its poll period; a long one
-    # keeps it however late a busy machine lets the thread look again.
-    waiter = RedisLock(
-        client,
-        buy,
-        timeout=30.0,
-        holder_info=_info(BUY_WAITER, "worker-2/5151"),
-        fallback_poll=5.0,
-    )
-    # It waits until the key is deleted below, after every command has run: its bound must
-    # outlast all of them, however slow the machine (each starts a Python process).
-    waiting = threading.Thread(target=waiter.acquire, kwargs={"timeout": WAIT_BOUND}, daemon=True)
-    waiting.start()
-    _wait_until(lambda: client.zcard(companion_key(buy, "queue")) == 1, "the waiter queued")
-    _publish(
-        server,
-        f"nightly_report.apply_async(('2026-11-24',), task_id={REPORT_QUEUED!r})\n"
-        f"nightly_report.apply_async(('2026-11-25',), task_id={REPORT_FOLLOW_UP!r})",
-    )
-    for task_id, where in zip(EXPORTS, ("worker-1/4243", "worker-2/5150"), strict=True):
-        _hold(client, export, task_id, "shop.export", where, limit=2)
+    holder = _hold(client, buy, BUY_HOLDER, "shop.buy", "worker-1/4242")
+    with _kept(holder):
+        # fallback_poll: a waiter keeps its place in the queue for its poll period; a long one
+        # keeps it however late a busy machine lets the thread look again.
+        waiter = RedisLock(
+            client,
+            buy,
+            timeout=30.0,
+            holder_info=_info(BUY_WAITER, "worker-2/5151"),
+            fallback_poll=5.0,
+        )
+        # It waits until the key is deleted below, after every command has run: its bound must
+        # outlast all of them, however slow the machine (each starts a Python process).
+        waiting = threading.Thread(
+            target=waiter.acquire, kwargs={"timeout": WAIT_BOUND}, daemon=True
+        )
+        waiting.start()
+        _wait_until(lambda: client.zcard(companion_key(buy, "queue")) == 1, "the waiter queued")
+        _publish(
+            server,
+            f"nightly_report.apply_async(('2026-11-24',), task_id={REPORT_QUEUED!r})\n"
+            f"nightly_report.apply_async(('2026-11-25',), task_id={REPORT_FOLLOW_UP!r})",
+        )
+        for task_id, where in zip(EXPORTS, ("worker-1/4243", "worker-2/5150"), strict=True):
+            _hold(client, export, task_id, "shop.export", where, limit=2)
 
-    samples: dict[str, list[Sample]] = {
-        "LIST": [_run(server, "list")],
-        "KEY": [
-            _run(server, "key", "shop.buy", '["sku-42", 7]'),
-            _run(server, "key", "shop.buy", '["sku-42"]'),
-            _run(server, "key", "shop.buy", "[]", '{"user_id": 7}'),
-        ],
-        "CLEAR": [
-            _run(server, "clear", export, stdin="y\n"),
-            _run(server, "list", "--match", "csl:shop.export:*"),
-        ],
-    }
-    client.execute_command(
-        "ACL", "SETUSER", "locker", "on", ">pw", "~*", "&*", "+@all", "-pexpire", "-evalsha"
-    )
-    locker = server.url.replace("redis://", "redis://locker:pw@")
-    samples["CHECK"] = [_run(server, "check", CSL_DOCS_LOCK_URL=locker)]
-    later = _queue_behind(client, buy)
+        samples: dict[str, list[Sample]] = {
+            "LIST": [_run(server, "list")],
+            "KEY": [
+                _run(server, "key", "shop.buy", '["sku-42", 7]'),
+                _run(server, "key", "shop.buy", '["sku-42"]'),
+                _run(server, "key", "shop.buy", "[]", '{"user_id": 7}'),
+            ],
+            "CLEAR": [
+                _run(server, "clear", export, stdin="y\n"),
+                _run(server, "list", "--match", "csl:shop.export:*"),
+            ],
+        }
+        client.execute_command(
+            "ACL", "SETUSER", "locker", "on", ">pw", "~*", "&*", "+@all", "-pexpire", "-evalsha"
+        )
+        locker = server.url.replace("redis://", "redis://locker:pw@")
+        samples["CHECK"] = [_run(server, "check", CSL_DOCS_LOCK_URL=locker)]
+        later = _queue_behind(client, buy)
+    _begin_again(client, buy)
     samples["EXPLAIN"] = [_run(server, "explain", "shop.buy", '"sku-42"', "7")]
     client.delete(buy)  # the waiter takes it and gives up waiting
     waiting.join(timeout=60)
