@@ -124,3 +124,10 @@ def wait_for(predicate: Callable[[], Any], timeout: float, interval: float = 0.0
         if value or time.monotonic() >= deadline:
             return value
         time.sleep(interval)
+
+
+def admitted_at(data: redis.Redis, name: str) -> list[int]:
+    """When ``lock_rate_limit`` admitted each run of ``name``, in server ms, oldest first (as
+    the bodies copied it from the starts set): the rate is judged on these, never on when
+    the bodies got to their ledger, which varies with load."""
+    return sorted(int(ms) for ms in data.hgetall(f"admitted-at:{name}").values())

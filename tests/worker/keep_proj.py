@@ -12,6 +12,7 @@ import redis
 from celery import Celery
 
 from celery_singleton_lock import LockedTask
+from celery_singleton_lock.modes.throttle import starts_key
 
 BROKER = os.environ.get("CSL_BROKER_URL", "redis://127.0.0.1:6379/0")
 
@@ -48,6 +49,17 @@ def record(name: str, value: Any, seconds: float = 0.0) -> Any:
     time.sleep(seconds)
     r.decr(f"inside:{name}")
     return value
+
+
+def admitted(task: Any, name: str, *args: Any) -> None:
+    """Copy this run's admission by ``lock_rate_limit`` from the starts set (a member
+    ``<task id>:<s>.<us>`` scored in server ms) to the hash ``admitted-at:<name>``: the tests
+    judge the rate on the server's clock, not on when the bodies got to their ledger."""
+    r = data()
+    mine = f"{task.request.id}:".encode()
+    for member, score in r.zrange(starts_key(task.lock_key(name, *args)), 0, -1, withscores=True):
+        if member.startswith(mine):
+            r.hset(f"admitted-at:{name}", member, int(score))
 
 
 @app.task
@@ -107,6 +119,7 @@ def burst_retrying(self: Any, name: str, value: int) -> int:
           lock_rate_limit="1/s")  # fmt: skip
 def follow_throttled(name: str, value: int, seconds: float = 0.0) -> int:
     """Keep latest, at most one start a second."""
+    admitted(follow_throttled, name, value, seconds)
     return record(name, value, seconds)  # type: ignore[no-any-return]
 
 
@@ -121,6 +134,7 @@ def held_slots(name: str, value: int, seconds: float = 0.0) -> int:
           max_retries=None)  # fmt: skip
 def paced(name: str, index: int) -> int:
     """One at a time, at most 4 starts a second, retrying when busy or throttled."""
+    admitted(paced, name, index)
     return record(name, index, 0.02)  # type: ignore[no-any-return]
 
 
@@ -184,6 +198,7 @@ def parked_pair(name: str, value: int, seconds: float = 0.0) -> int:
 @app.task(base=LockedTask, lock_keys=["name"], lock_on_conflict="park", lock_rate_limit="2/s")
 def parked_paced(name: str, value: int) -> int:
     """At most two starts a second; a throttled run parks until its window frees."""
+    admitted(parked_paced, name, value)
     return record(name, value)  # type: ignore[no-any-return]
 
 
