@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import pytest
 import redis
 
 from celery_singleton_lock import RedisLock
+from celery_singleton_lock.engine.keyspace import companion_key
 
 
 @pytest.fixture(params=[True, False], ids=["scripting", "plain"])
@@ -25,3 +27,12 @@ def make_lock(client: redis.Redis, key: str, scripting: bool) -> Any:
         return RedisLock(kwargs.pop("client", client), name or key, **kwargs)
 
     return make
+
+
+def wait_queued(client: redis.Redis, key: str, count: int) -> None:
+    """Return once ``count`` waiters have their place in ``key``'s queue (bounded: 30 s),
+    instead of sleeping and hoping they have."""
+    deadline = time.monotonic() + 30
+    while client.zcard(companion_key(key, "queue")) < count:
+        assert time.monotonic() < deadline, f"fewer than {count} waiters queued"
+        time.sleep(0.01)

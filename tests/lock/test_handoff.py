@@ -16,6 +16,7 @@ import redis
 from celery_singleton_lock import RedisLock
 from celery_singleton_lock.engine.keyspace import companion_key
 from celery_singleton_lock.testing import RedisServer
+from tests.lock.conftest import wait_queued
 
 
 def _count_calls(client: redis.Redis) -> dict[str, int]:
@@ -23,7 +24,9 @@ def _count_calls(client: redis.Redis) -> dict[str, int]:
     return {name.removeprefix("cmdstat_"): int(row["calls"]) for name, row in stats.items()}
 
 
-def test_waiters_get_the_lock_in_the_order_they_came(make_lock: Any, scripting: bool) -> None:
+def test_waiters_get_the_lock_in_the_order_they_came(
+    make_lock: Any, scripting: bool, client: redis.Redis, key: str
+) -> None:
     """Five threads queue one after another behind a holder; each takes the lock, notes its
     turn and releases: with scripts they get it exactly in arrival order; in plain mode
     (releases wake, they do not hand over) every one of them still gets it."""
@@ -42,7 +45,7 @@ def test_waiters_get_the_lock_in_the_order_they_came(make_lock: Any, scripting: 
         thread = threading.Thread(target=wait, args=(index,))
         thread.start()
         threads.append(thread)
-        time.sleep(0.15)  # each is queued before the next one comes
+        wait_queued(client, key, index + 1)  # each is queued before the next one comes
     holder.release()
     for thread in threads:
         thread.join(30)
@@ -65,7 +68,7 @@ def test_the_waiter_owns_the_lock_without_another_try(fresh_server: RedisServer)
     first = holder.fencing_token
     got = threading.Event()
     threading.Thread(target=lambda: (waiter.acquire(timeout=20), got.set())).start()
-    time.sleep(0.3)  # the waiter is queued and blocked
+    wait_queued(client, "handoff", 1)  # the waiter ran its try and is blocked
     before = _count_calls(client)
     holder.release()
     assert got.wait(10)

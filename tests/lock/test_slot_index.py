@@ -265,22 +265,25 @@ def test_a_released_slot_is_handed_to_the_first_waiter_at_large_n(
     its group's, so a second hold of that group is refused."""
     tokens = fill(client, key, LARGE, LARGE)
     last = int(client.get(companion_key(key, "fence")) or 0)
-    waiter = slots(client, key, LARGE, group="task-9-", fallback_poll=5.0)
+    waiter = slots(client, key, LARGE, group="task-9-", fallback_poll=60.0)
     got: dict[str, float] = {}
 
     def wait() -> None:
-        if waiter.acquire(timeout=20):
+        if waiter.acquire(timeout=90):
             got["at"] = time.perf_counter()
 
     thread = threading.Thread(target=wait)
     thread.start()
-    time.sleep(0.3)  # the waiter is queued and blocked
+    deadline = time.monotonic() + 30
+    while client.zcard(companion_key(key, "queue")) < 1:  # the waiter is queued and blocked
+        assert time.monotonic() < deadline, "the waiter never queued"
+        time.sleep(0.01)
     victim = RedisLock(client, key, limit=LARGE, token=tokens[1234])
     released = time.perf_counter()
     victim.release()
-    thread.join(20)
+    thread.join(90)
     assert "at" in got
-    assert got["at"] - released < 1.0  # handed over, not found at the next poll
+    assert got["at"] - released < 30  # handed over, not found at the next poll (60 s on)
     assert waiter.held_key == RedisLock(client, key, limit=LARGE).slot_key(1235)
     assert (waiter.fencing_token or 0) > last
     twin = slots(client, key, LARGE, group="task-9-")

@@ -87,7 +87,6 @@ def test_success_keeps_the_key_for_lock_hold_and_duplicates_get_its_result(
     published = _server_ms(data)
     first = modesproj.success_queue.delay(name)
     assert first.get(timeout=15) == first.id
-    ended = time.monotonic()
     duplicate = modesproj.success_queue.delay(name)
     assert duplicate.id == first.id
     assert duplicate.get(timeout=30) == first.id
@@ -113,7 +112,6 @@ def test_success_keeps_the_key_for_lock_hold_and_duplicates_get_its_result(
         late.get(timeout=15)  # published after the hold's end: a run of its own
     assert wait_for(lambda: data.get(key) is None, timeout=30)  # freed at the hold's end
     assert _server_ms(data) >= expiry
-    assert time.monotonic() - ended >= 1.8
     third = modesproj.success_queue.delay(name)
     assert third.id != first.id
     assert third.get(timeout=15) == third.id
