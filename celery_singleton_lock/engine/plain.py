@@ -102,19 +102,12 @@ class PlainProtocol(Protocol):
             self.step("after-setnx")
             with self._watching() as pipe:
                 try:
-                    pipe.watch(self.name)
-                    raw = pipe.get(self.name)
-                    if raw is None:
+                    found = self._read(pipe)
+                    if found is None:
                         if refused is not None:
                             raise refused  # free, but the server refuses our write
-                        continue  # released between SETNX and GET: try SETNX again
-                    current = parse_value(raw)
-                    self.step("after-get")
-                    ttl = pipe.pttl(self.name) if current.expiry_ms is None else None
-                    if ttl == -2:  # a foreign value's TTL ran out after GET: free now
-                        if refused is not None:
-                            raise refused
-                        continue
+                        continue  # released since the SETNX: try SETNX again
+                    raw, current, ttl = found
                     if current.held_at(now_ms, ttl) and current.token not in ours:
                         left = max(1, (current.expiry_ms or now_ms + (ttl or 1)) - now_ms)
                         if mode != b"x" and current.token is not None:
@@ -147,6 +140,19 @@ class PlainProtocol(Protocol):
             self._leave(token, mode)
             return Attempt(True, fence)
         return Attempt(False, BUSY_RETRY_MS)
+
+    def _read(self, pipe: Any) -> tuple[bytes | str, LockValue, int | None] | None:
+        """WATCH the key and read it: its raw value, parsed, and (for a foreign value, which
+        is held while it has a TTL) its PTTL; None when the key is gone, including a foreign
+        value whose TTL ran out between the GET and the PTTL."""
+        pipe.watch(self.name)
+        raw = pipe.get(self.name)
+        if raw is None:
+            return None
+        current = parse_value(raw)
+        self.step("after-get")
+        ttl = pipe.pttl(self.name) if current.expiry_ms is None else None
+        return None if ttl == -2 else (raw, current, ttl)
 
     def _may_take_over(self, current: LockValue, refused: LockBackendError | None) -> None:
         """Raise when a value that is not held must still not be taken over: a foreign one
