@@ -610,6 +610,7 @@ def _example_tasks() -> tuple[Any, Any]:
 
 def key_forms() -> list[tuple[str, str, str]]:
     """``(form, a key of that form the code builds, what it is)`` for every kind of key."""
+    from celery_singleton_lock.beat.replica import group_key  # noqa: PLC0415
     from celery_singleton_lock.engine import stack  # noqa: PLC0415
     from celery_singleton_lock.engine.keyspace import SLOT, companion_key  # noqa: PLC0415
 
@@ -635,6 +636,12 @@ def key_forms() -> list[tuple[str, str, str]]:
          "the runs waiting for room in a stacked limit (and `<...>:alive` beside it)"),
         ("<prefix>:{<prefix>:stack}:limits", base + stack.LIMITS, "numbers set by "
          "`celery locks limit set` (a hash)"),
+        ("<prefix>:{<prefix>:stack}:held", base + stack.HELD, "the calls a stacked limit or "
+         "a rate holds back until they fit (and `held:calls`, `held:out`, `held:wake` "
+         "beside it)"),
+        ("<prefix>:beat:{<group>}", group_key(prefix, "shop"), "the leader lease of a "
+         "group of beat replicas (`LeaderScheduler`; here the app `shop`; its slots and "
+         "replicas beside it)"),
         ("<prefix>~skipped:<task id>", skip_record_key(prefix, "<task id>"), "the record of "
          "a skipped run (`skip_info`)"),
         ("{<prefix>}~parking", parking_index(prefix), "the keys the worker sweep looks after "

@@ -39,6 +39,7 @@ def form_pattern(form: str, prefix: str) -> re.Pattern[str]:
         "<i>": r"\d+",
         "<name>": ".+",
         "<task id>": ".+",
+        "<group>": r"[^{}\s]+",
     }
     pattern = ""
     for piece in re.split(r"(<[^>]+>)", form):
