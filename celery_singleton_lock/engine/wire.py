@@ -3,6 +3,8 @@ error mapping and the client's socket timeout. Imports only redis-py."""
 
 from __future__ import annotations
 
+import functools
+import inspect
 from collections.abc import Callable
 from typing import Any, TypeVar, cast
 
@@ -99,14 +101,42 @@ def backend_error(error: BaseException, name: str) -> LockBackendError:
 
 
 def socket_timeout(client: LockClient) -> float | None:
-    """The read timeout of ``client``'s connections in seconds, None when unbounded."""
+    """The read timeout of ``client``'s connections in seconds, None when unbounded.
+
+    A client built without one (``Redis.from_url(url)``) gets its connection class's
+    default: none up to redis-py 7, 5 s from redis-py 8, whose pool then leaves the
+    setting out of its options."""
     if isinstance(client, RedisCluster):  # RedisCluster keeps the node options itself
         kwargs = cast("Any", client).get_connection_kwargs() or {}  # untyped in redis-py
+        connection_class = kwargs.get("connection_class", redis.Connection)
     else:
         pool = getattr(client, "connection_pool", None)
         kwargs = getattr(pool, "connection_kwargs", {}) or {}
-    value = kwargs.get("socket_timeout")
+        connection_class = getattr(pool, "connection_class", None)
+    value = (
+        kwargs["socket_timeout"]
+        if "socket_timeout" in kwargs
+        else _default_socket_timeout(connection_class)
+    )
     return float(value) if value else None
+
+
+@functools.cache
+def _default_socket_timeout(connection_class: type | None) -> float | None:
+    """The ``socket_timeout`` a connection of ``connection_class`` has when none is given:
+    the default of the first ``__init__`` in its class hierarchy that names it."""
+    for klass in getattr(connection_class, "__mro__", ()):
+        init = klass.__dict__.get("__init__")
+        if init is None:
+            continue
+        try:
+            parameter = inspect.signature(init).parameters.get("socket_timeout")
+        except (TypeError, ValueError):
+            continue
+        if parameter is not None and parameter.default is not inspect.Parameter.empty:
+            default = parameter.default
+            return float(default) if isinstance(default, int | float) else None
+    return None
 
 
 def wait_for_replicas(

@@ -13,6 +13,7 @@ import redis
 
 from celery_singleton_lock import RedisLock
 from celery_singleton_lock.engine.value import parse_value
+from celery_singleton_lock.engine.wire import socket_timeout
 from celery_singleton_lock.testing import RedisServer
 
 
@@ -156,6 +157,32 @@ def test_non_blocking_try_does_not_ask_for_a_wake_up(
     assert not make_lock().acquire(timeout=0.2)
     if scripting:
         assert client.get(key).split(b":")[1] == b"1"
+
+
+def test_a_client_from_a_bare_url_keeps_redis_pys_own_socket_timeout(
+    redis_server: RedisServer, key: str, scripting: bool
+) -> None:
+    """``Redis.from_url(url)`` with no timeout in it: its connections still have redis-py's
+    default (5 s from redis-py 8, none before), which the pool leaves out of its options. A
+    waiter with a 60 s fallback poll blocks for less than that, so it waits past the socket
+    timeout without a LockBackendError (it used to block 5 s on a 5 s socket), and a
+    release still wakes it."""
+    client = redis.Redis.from_url(redis_server.url)
+    connection = client.connection_pool.get_connection()
+    default = connection.socket_timeout
+    client.connection_pool.release(connection)
+    assert socket_timeout(client) == (float(default) if default else None)
+    holder = RedisLock(client, key, timeout=30, scripting=scripting)
+    waiter = RedisLock(client, key, timeout=30, scripting=scripting, fallback_poll=60.0)
+    assert holder.acquire()
+    bound = (float(default) if default else 1.0) + 1.5
+    assert not waiter.acquire(timeout=bound)  # blocked past the socket timeout: no error
+    releaser = threading.Timer(0.5, holder.release)
+    releaser.start()
+    assert waiter.acquire(timeout=30)
+    waiter.release()
+    releaser.join(5)
+    client.close()
 
 
 def test_fallback_poll_longer_than_the_socket_timeout(
