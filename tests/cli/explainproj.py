@@ -32,7 +32,7 @@ app.conf.update(
     base=LockedTask,
     lock_keys=["sku"],
     lock_on_conflict="wait",
-    lock_timeout=30.0,
+    lock_timeout=600.0,
 )
 def buy(sku: str, user_id: int) -> None:
     """Purchases of one SKU take turns."""

@@ -167,13 +167,13 @@ def test_the_holder_and_the_waiters_in_turn_order(
     came."""
     key = _key(cli, "shop.buy", ["sku-2", 1])
     info = {"task_id": "t-holder", "task": "shop.buy", "host": "box-1", "pid": 4242}
-    holder = RedisLock(client, key, timeout=30.0, holder_info=info)
+    holder = RedisLock(client, key, timeout=600.0, holder_info=info)
     assert holder.acquire(blocking=False)
     try:
         for number in (1, 2):
             waiter_info = {"task_id": f"t-wait-{number}", "task": "shop.buy", "host": "box-2",
                            "pid": 10 + number}  # fmt: skip
-            waiter = RedisLock(client, key, timeout=30.0, holder_info=waiter_info)
+            waiter = RedisLock(client, key, timeout=600.0, holder_info=waiter_info)
             threads.append(threading.Thread(target=_take, args=(waiter,), daemon=True))
             threads[-1].start()
             assert _wait(functools.partial(_queued, client, key, number))
@@ -189,9 +189,9 @@ def test_the_holder_and_the_waiters_in_turn_order(
         )  # fmt: skip
         assert held["fence"] == holder.fencing_token
         assert held["since"] == pytest.approx(held["fence"] / 1e6)
-        # what is left of the 30 s lease taken at "since", by the server's clock
-        assert held["lease_left"] == pytest.approx(held["since"] + 30 - found["now"], abs=0.01)
-        assert held["lease"] == 30.0
+        # what is left of the 600 s lease taken at "since", by the server's clock
+        assert held["lease_left"] == pytest.approx(held["since"] + 600 - found["now"], abs=0.01)
+        assert held["lease"] == 600.0
         assert held["renewed"] is None
         assert found["waiting"] == 2
         assert [(w["position"], w["task_id"], w["host"], w["pid"]) for w in found["waiters"]] == [
@@ -252,7 +252,7 @@ def test_an_expired_hold_and_a_lapsed_waiter(cli: Cli, client: redis.Redis) -> N
     assert line.startswith("shop.buy[t-crashed] on box-1/99: expired (taken ")
     assert "its lease ended: the next call takes the key over" in line
 
-    holder = RedisLock(client, key, timeout=30.0, holder_info={**info, "task_id": "t-now"})
+    holder = RedisLock(client, key, timeout=600.0, holder_info={**info, "task_id": "t-now"})
     assert holder.acquire(blocking=False)
     try:
         client.zadd(companion_key(key, "queue"), {"gone": 1, "here": 2})
@@ -348,7 +348,7 @@ def test_two_of_three_slots(cli: Cli, client: redis.Redis) -> None:
     holds = []
     for number in (1, 2):
         info = {"task_id": f"t-export-{number}", "task": "shop.export", "host": "box", "pid": 7}
-        lock = RedisLock(client, key, timeout=30.0, holder_info=info, limit=3)
+        lock = RedisLock(client, key, timeout=600.0, holder_info=info, limit=3)
         assert lock.acquire(blocking=False)
         holds.append(lock)
     try:
@@ -386,7 +386,7 @@ def test_lock_explain_of_a_task_locked_by_config_and_of_a_locked_task(
     def ship(order: int, carrier: str) -> None: ...
 
     @app.task(name="shop.buy", shared=False, base=LockedTask, lock_keys=["sku"],
-              lock_timeout=30.0)  # fmt: skip
+              lock_timeout=600.0)  # fmt: skip
     def buy(sku: str, user_id: int) -> None: ...
 
     app.finalize()  # singleton_lock_tasks annotates the tasks as the app is finalized
@@ -403,7 +403,7 @@ def test_lock_explain_of_a_task_locked_by_config_and_of_a_locked_task(
         held.release()
 
     info = {"task_id": "t-buy", "task": "shop.buy", "host": "box", "pid": 4}
-    held = RedisLock(client, buy.lock_key("sku-5", 1), timeout=30.0, holder_info=info)
+    held = RedisLock(client, buy.lock_key("sku-5", 1), timeout=600.0, holder_info=info)
     assert held.acquire(blocking=False)
     try:
         mine = buy.lock_explain("sku-5", 2).as_json()
@@ -470,7 +470,7 @@ def test_a_weight_callable_that_raises_is_named_and_the_rest_explained(
     whose weight works explains as before. ``task.lock_explain()`` says the same."""
     key = _key(cli, "shop.bulk", ["acme", 0])
     info = {"task_id": "t-bulk", "task": "shop.bulk", "host": "box", "pid": 5}
-    held = RedisLock(client, key, timeout=30.0, holder_info=info)
+    held = RedisLock(client, key, timeout=600.0, holder_info=info)
     assert held.acquire(blocking=False)
     try:
         done = cli("explain", "shop.bulk", '"acme"', "0", "--json")
