@@ -97,6 +97,9 @@ app.conf.update(
         # default): every 2 s here, so a killed worker's messages come back in ~32 s.
         "unacked_restore_interval": 2,
         "unacked_restore_throttle": 1,
+        # The sweep runs under a broker-side mutex whose default expiry is 300 s: a worker
+        # killed while it sweeps would stop every sweep for 5 minutes.
+        "unacked_mutex_expire": 10,
     },
     broker_connection_retry_on_startup=True,
     worker_hijack_root_logger=True,

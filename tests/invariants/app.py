@@ -52,6 +52,9 @@ app.conf.update(
         # about one visibility timeout after it died.
         "unacked_restore_interval": 1,
         "unacked_restore_throttle": 1,
+        # The sweep runs under a broker-side mutex whose default expiry is 300 s: a worker
+        # killed while it sweeps would stop every sweep for 5 minutes.
+        "unacked_mutex_expire": 10,
     },
     broker_connection_retry_on_startup=True,
     result_expires=3600,
