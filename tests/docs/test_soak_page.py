@@ -31,3 +31,13 @@ def test_the_committed_report_covers_every_mode_the_soak_runs() -> None:
     assert modes is not None, "the committed report predates the modes in the soak"
     assert set(modes["modes"]) == set(SOAK_MODES)
     assert all(row["calls"] > 0 for row in modes["modes"].values()), modes["modes"]
+
+
+def test_the_committed_report_is_of_todays_faults_and_beat_replicas() -> None:
+    """The committed report ran every fault kind the soak injects today (``rig.FAULTS``,
+    the beat leader's kill included) and judged the beat replicas (a ``beat`` row)."""
+    from benchmarks.soak.rig import FAULTS  # noqa: PLC0415 - the soak's own imports
+
+    report = _report()
+    assert set(report["config"]["kinds"]) == set(FAULTS)
+    assert report["figures"].get("beat") is not None, "the report predates the beat replicas"
