@@ -240,7 +240,7 @@ def test_an_expired_hold_and_a_lapsed_waiter(cli: Cli, client: redis.Redis) -> N
     assert crashed.acquire(blocking=False)
     taken = _server_s(client)
     crashed.detach()  # never released: its key outlives its lease by a grace period,
-    assert client.pexpire(key, 30_000)  # here long enough for two commands
+    assert client.pexpire(key, 600_000)  # here long enough for two commands, however slow
     # until the 0.2 s lease has ended by the server's clock (bounded: 60 s)
     assert _wait(lambda: _server_s(client) > taken + 0.2, timeout=60)
     found = _explain(cli, "shop.buy", '"sku-4"', "1")

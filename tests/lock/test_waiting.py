@@ -168,9 +168,7 @@ def test_a_client_from_a_bare_url_keeps_redis_pys_own_socket_timeout(
     timeout without a LockBackendError (it used to block 5 s on a 5 s socket), and a
     release still wakes it."""
     client = redis.Redis.from_url(redis_server.url)
-    connection = client.connection_pool.get_connection()
-    default = connection.socket_timeout
-    client.connection_pool.release(connection)
+    default = client.connection_pool.make_connection().socket_timeout  # not connected
     assert socket_timeout(client) == (float(default) if default else None)
     holder = RedisLock(client, key, timeout=30, scripting=scripting)
     waiter = RedisLock(client, key, timeout=30, scripting=scripting, fallback_poll=60.0)
