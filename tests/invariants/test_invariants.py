@@ -71,5 +71,18 @@ def test_every_call_ends_in_one_reported_state(name: str, tmp_path: Path) -> Non
     lines = "\n".join(item.line() for item in verdict.safe)
     assert not verdict.safe, (
         f"{len(verdict.safe)} violation(s) in {spec.summary()}\n{lines}\n"
-        f"figures: {verdict.figures}\nlogs: {tmp_path}"
+        f"figures: {verdict.figures}\nlogs: {tmp_path}\n"
+        + _log_lines(tmp_path, [task for item in verdict.safe for task in item.task_ids])
     )
+
+
+def _log_lines(where: Path, task_ids: list[str], most: int = 80) -> str:
+    """The worker log lines that name one of ``task_ids`` (what happened to a violating
+    call, printed with the failure: a CI run's temporary directory does not outlive it)."""
+    found = [
+        f"{path.name}: {line}"
+        for path in sorted(where.rglob("*.log"))
+        for line in path.read_text(encoding="utf-8", errors="replace").splitlines()
+        if any(task_id in line for task_id in task_ids)
+    ]
+    return "log lines of those calls:\n" + "\n".join(found[-most:])
