@@ -275,6 +275,14 @@ class Coalesce(ConflictPolicy):
         raise AssertionError("coalesce never revokes")  # pragma: no cover
 
 
+def _store_revoked(task: Any, task_id: str, by: str) -> None:
+    """Store REVOKED for ``task_id``, superseded by call ``by``."""
+    try:
+        task.backend.mark_as_revoked(task_id, reason=f"superseded by {by}")
+    except Exception:  # a disabled or unreachable result backend: the log says it
+        log.warning("could not store REVOKED for superseded task %s", task_id, exc_info=True)
+
+
 class Replace(Coalesce):
     """A new call supersedes a queued holder (and, with ``lock_replace_running``, a running
     one); a running holder otherwise gets the call as its follow-up."""
@@ -301,9 +309,12 @@ class Replace(Coalesce):
 
     def deliver(self, run: Run) -> None:
         """A superseded call never runs, whenever its message comes (a countdown, a busy
-        worker's prefetch, another queue): its REVOKED state stays."""
+        worker's prefetch, another queue), and ends REVOKED: stored again here, since a
+        call superseded while it retried may have had its REVOKED overwritten by the RETRY
+        that Celery stores after publishing the retry."""
         by = atomic.superseded_by(run.client, run.key, run.task_id)
         if by is not None:
+            _store_revoked(run.task, run.task_id, by)
             observe.superseded(run.task, run.key, run.task_id, by=by, running=False)
             log.info("%s[%s] not run: superseded by %s", run.task.name, run.task_id, by)
             raise Ignore
@@ -328,10 +339,7 @@ class Replace(Coalesce):
     def _superseded(self, call: Publish, key: str, old: str) -> AnyResult:
         """A queued holder was superseded: the script took the key for this call."""
         task, task_id = call.task, call.task_id
-        try:
-            task.backend.mark_as_revoked(old, reason=f"superseded by {task_id}")
-        except Exception:  # a disabled or unreachable result backend: the log says it
-            log.warning("could not store REVOKED for superseded task %s", old, exc_info=True)
+        _store_revoked(task, old, task_id)
         observe.conflict(task, key, None, policy="replace", scope="queue", holder_task_id=old)
         observe.superseded(task, key, old, by=task_id, running=False)
         log.info("%s[%s] supersedes %s (%s)", task.name, task_id, old, key)

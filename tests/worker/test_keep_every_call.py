@@ -67,6 +67,29 @@ def test_a_superseded_call_never_runs_even_when_it_comes_late(
     assert old.state == "REVOKED"
 
 
+def test_a_superseded_call_ends_revoked_though_its_retry_state_came_after(
+    keep: ModuleType, data: redis.Redis, workers: Callable[..., CeleryWorker]
+) -> None:
+    """A call that retries (its retry message published, then Celery's tracer stores RETRY)
+    is superseded between those two steps: the tracer's RETRY lands over the REVOKED the
+    supersede stored. When the retry's message comes it does not run, and its state ends
+    REVOKED again, not RETRY for ever (the invariant checker caught it under load)."""
+    old = keep.replaced.apply_async(("race", 1), countdown=4)
+    new = keep.replaced.delay("race", 2)
+    assert old.state == "REVOKED"
+    keep.app.backend.store_result(old.id, None, "RETRY")  # the tracer's late store
+
+    def state() -> str:
+        return str(keep.app.AsyncResult(old.id).state)  # a fresh one: no cached state
+
+    assert state() == "RETRY"
+    worker = _start(workers)
+    assert new.get(timeout=30) == 2
+    assert wait_for(lambda: f"{old.id}] not run: superseded by {new.id}" in worker.log(), 30)
+    assert wait_for(lambda: state() == "REVOKED", 10), state()
+    assert _values(data, "race") == [2]
+
+
 def test_calls_around_the_end_of_a_run_are_never_left_behind(
     keep: ModuleType, data: redis.Redis, workers: Callable[..., CeleryWorker]
 ) -> None:
