@@ -243,7 +243,12 @@ def on_conflict(run: Run, holders: list[Holder]) -> Any:
     if holder is not None and holder.task_id == run.task_id:
         tell(run, RetryPolicy.reported, holder)
         exc = TaskLocked(run.key, holder.task_id)
-        raise run.retry(exc, run.countdown(holder), counted=False, duplicate=True)
+        later = run.retry(exc, run.countdown(holder), counted=False, duplicate=True)
+        if isinstance(later, Retry):
+            # Published to come back later. The earlier delivery owns the task id's state:
+            # this one stores none (a RETRY stored after that run's SUCCESS would stay).
+            raise Ignore from exc
+        raise later
     return run.policy.conflict(run, holder)
 
 

@@ -52,3 +52,26 @@ def test_same_task_id_sent_twice_by_name_never_overlaps(
     assert worker.log().count(f"late_queued[{task_id}] received") >= 2
     assert data.get("overlaps:byname") is None
     assert data.get("runs:byname") == "1"
+
+
+def test_a_second_delivery_that_comes_back_later_leaves_the_state_to_the_first(
+    proj: ModuleType, data: redis.Redis, workers: Any
+) -> None:
+    """Two messages with one task id; the second is delivered while the first runs, and is
+    published to come back later. The task id's state is the first delivery's: the second
+    stores no RETRY (one stored after the first's SUCCESS stayed for ever when the second
+    then came back as a late copy that runs nothing)."""
+    worker = workers(concurrency=2)
+    task_id = str(uuid.uuid4())
+    proj.app.send_task(TASK, ("state", 3.0), task_id=task_id)
+    assert wait_for(lambda: data.get("runs:state") == "1", timeout=30)  # the first runs
+    proj.app.send_task(TASK, ("state", 3.0), task_id=task_id)
+    assert wait_for(lambda: worker.log().count(f"late_queued[{task_id}] received") >= 2, 30)
+    ended = (f"late_queued[{task_id}] ignored", f"late_queued[{task_id}] retry:")
+    assert wait_for(lambda: any(line in worker.log() for line in ended), timeout=30)
+    result = proj.app.AsyncResult(task_id)
+    assert result.state != "RETRY"  # the first still runs (3 s): its state, not a RETRY
+    assert result.get(timeout=30) == "ran"
+    assert wait_for(lambda: "not run again" in worker.log(), timeout=30)
+    assert proj.app.AsyncResult(task_id).state == "SUCCESS"
+    assert data.get("runs:state") == "1"
