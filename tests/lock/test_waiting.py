@@ -175,12 +175,7 @@ def test_a_client_from_a_bare_url_keeps_redis_pys_own_socket_timeout(
     assert holder.acquire()
     bound = (float(default) if default else 1.0) + 1.5
     assert not waiter.acquire(timeout=bound)  # blocked past the socket timeout: no error
-    releaser = threading.Timer(0.5, holder.release)
-    releaser.start()
-    assert waiter.acquire(timeout=30)
-    waiter.release()
-    releaser.join(5)
-    client.close()
+    _released_wakes(client, holder, waiter)
 
 
 def test_fallback_poll_longer_than_the_socket_timeout(
@@ -198,6 +193,11 @@ def test_fallback_poll_longer_than_the_socket_timeout(
     # not sooner than its timeout; the upper bound only tells "not the 60 s poll" and
     # leaves 15 s for a busy machine
     assert 1.5 - 0.01 < time.monotonic() - started < 1.5 + 15
+    _released_wakes(client, holder, waiter)
+
+
+def _released_wakes(client: redis.Redis, holder: RedisLock, waiter: RedisLock) -> None:
+    """A release 0.5 s into the waiter's next wait lets it in; then close ``client``."""
     releaser = threading.Timer(0.5, holder.release)
     releaser.start()
     assert waiter.acquire(timeout=30)
