@@ -23,6 +23,27 @@ __all__ = ["Client", "LockCore"]
 
 #: The client type of an engine (sync or asyncio).
 Client = TypeVar("Client")
+#: Attributes of a lock that ``on_key`` does not copy: its key, its state in this process,
+#: and the per-key arguments.
+_PER_LOCK = frozenset(
+    {
+        "name",
+        "claim",
+        "stack",
+        "signal_key",
+        "checks_finished",
+        "_unless_finished",
+        "_given_info",
+        "_fixed_token",
+        "_mutex",
+        "_reservation",
+        "_pid",
+        "_holds",
+        "_contended",
+        "holder_info",
+        "protocol",
+    }
+)
 #: A lock class (``owner_of`` gives one of the caller's own class).
 _Lock = TypeVar("_Lock", bound="LockCore[Any]")
 
@@ -74,15 +95,12 @@ class LockCore(HoldView, Generic[Client]):
         if isinstance(replicas, bool) or not isinstance(replicas, int) or not 0 <= replicas < 2**63:
             raise ValueError(f"replicas must be an integer >= 0, got {replicas!r}")
         self._replicas_timeout_ms = rules.lease_ms(replicas_timeout, "replicas_timeout")
-        if stack is not None:
-            if not scripting:
-                raise ValueError("stack needs scripting=True (its shares are taken by a script)")
-            stack.check_lock(name)
+        self.scripting = scripting
+        self._check_stack(name, stack)
         self.client = client
         self.name = name
         self.timeout = float(timeout)
         self.auto_renew = auto_renew
-        self.scripting = scripting
         self.fallback_poll = float(fallback_poll)
         self._cap: float | None = None
         self.claim = claim or ""
@@ -98,10 +116,7 @@ class LockCore(HoldView, Generic[Client]):
         #: ``unless_finished``: a task id whose finished run (a record in the key's done set,
         #: written by a release with ``record=``) makes an acquire take nothing, checked in
         #: the acquire's own step (scripting only: ``checks_finished`` says whether it is).
-        self.checks_finished = bool(unless_finished) and scripting
-        if unless_finished is not None and not isinstance(unless_finished, str):
-            raise ValueError(f"unless_finished must be a task id (str), got {unless_finished!r}")
-        self._unless_finished = (unless_finished or "") if scripting else ""
+        self._set_unless_finished(unless_finished)
         #: The last acquire found that run finished (and took nothing).
         self.found_finished = False
         self.signal_key = companion_key(name, SIGNAL)
@@ -109,6 +124,65 @@ class LockCore(HoldView, Generic[Client]):
         self._given_info = holder_info
         self._setup()
         self._start_process()
+
+    def _check_stack(self, name: str, stack: Stack | None) -> None:
+        if stack is not None:
+            if not self.scripting:
+                raise ValueError("stack needs scripting=True (its shares are taken by a script)")
+            stack.check_lock(name)
+
+    def _set_unless_finished(self, unless_finished: str | None) -> None:
+        if unless_finished is not None and not isinstance(unless_finished, str):
+            raise ValueError(f"unless_finished must be a task id (str), got {unless_finished!r}")
+        self.checks_finished = bool(unless_finished) and self.scripting
+        self._unless_finished = (unless_finished or "") if self.scripting else ""
+
+    def on_key(
+        self: _Lock,
+        name: str,
+        *,
+        token: str | None = None,
+        claim: str | None = None,
+        holder_info: str | dict[str, Any] | None = None,
+        stack: Stack | None = None,
+        unless_finished: str | None = None,
+    ) -> _Lock:
+        """A new lock on key ``name``, with this one's client, lease and every other
+        argument (checked once, when this one was built) and the given per-key ones: what
+        a task builds for each run without validating its options again. It shares no
+        state with this one: it holds nothing and has its own owner tokens."""
+        rules.check_name(name)
+        rules.check_token("token", token)
+        rules.check_token("claim", claim)
+        lock = object.__new__(type(self))
+        lock.__dict__.update(self._template)
+        lock.name = name
+        lock._fixed_token = token
+        lock.claim = claim or ""
+        lock._check_stack(name, stack)
+        lock.stack = stack
+        lock._set_unless_finished(unless_finished)
+        lock.signal_key = companion_key(name, SIGNAL)
+        lock._given_info = holder_info
+        lock._setup()
+        lock._start_process()
+        return lock
+
+    @property
+    def _template(self) -> dict[str, Any]:
+        """The attributes a lock built by ``on_key`` starts from: this lock's arguments and
+        what was worked out from them, none of its state."""
+        found: dict[str, Any] | None = self.__dict__.get("_template_attrs")
+        if found is None:
+            self._poll_cap()  # the client's, so worked out once for every lock built here
+            found = {
+                name: value
+                for name, value in self.__dict__.items()
+                if name not in _PER_LOCK and not name.startswith("_template")
+            }
+            found.update(held_back_by=None, found_finished=False)
+            self.__dict__["_template_attrs"] = found
+        return found
 
     def _setup(self) -> None:
         """The engine's own state, set up once the arguments are checked."""
@@ -123,9 +197,7 @@ class LockCore(HoldView, Generic[Client]):
         self._holds: dict[Hashable, Hold] = {}
         # A caller whose last acquire failed while others held this instance: the holds it
         # contended with, which it never speaks for.
-        self._contended: weakref.WeakKeyDictionary[Any, tuple[Hold, ...]] = (
-            weakref.WeakKeyDictionary()
-        )
+        self._contended: weakref.WeakKeyDictionary[Any, tuple[Hold, ...]] | None = None
         self.holder_info = rules.holder_text(self._given_info, self._pid)
         self.protocol = self._wire(
             self.name,
@@ -183,7 +255,7 @@ class LockCore(HoldView, Generic[Client]):
             me = self._me()
             if me is None:
                 return rules.hold_for(None, self._holds.values(), (), self._holder_alive)
-            contended = self._contended.get(me, ())
+            contended = self._contended.get(me, ()) if self._contended is not None else ()
             return rules.hold_for(
                 self._holds.get(me), self._holds.values(), contended, self._holder_alive
             )

@@ -46,6 +46,9 @@ log = logging.getLogger("celery_singleton_lock.renewer")
 
 #: A lane's thread ends after this many seconds with nothing to renew.
 IDLE_SECONDS = 30.0
+#: An idle lane's thread wakes at least this often (or as often as its shortest renewal
+#: delay, if longer), so that registering a hold seldom has to wake it.
+IDLE_TICK = 1.0
 #: Renew every lease / this; retry a failed renewal after a quarter of what is left.
 RENEW_DIVISOR = 3
 MIN_RENEW_RETRY = 0.05
@@ -80,12 +83,16 @@ class _Lane:
         self._heap: list[_Entry] = []
         self._seq = itertools.count()
         self._sleeping_until = float("inf")  # what the thread's current wait aims at
+        # The shortest delay pushed yet: an idle thread wakes at least this often, so a
+        # push (whose due time is at least that far off) need not wake it.
+        self._min_delay = float("inf")
         self._thread = threading.Thread(target=self._run, name="csl-lock-renewer", daemon=True)
         self._thread.start()
 
     def push(self, lock: Renewable, hold: Any, delay: float) -> None:
         due = time.monotonic() + delay
         with self._cond:
+            self._min_delay = min(self._min_delay, delay)
             heapq.heappush(self._heap, (due, next(self._seq), weakref.ref(lock), hold))
             if due < self._sleeping_until:
                 self._cond.notify()  # sooner than what the thread sleeps towards
@@ -110,6 +117,8 @@ class _Lane:
                         return due
                 else:
                     wait = IDLE_SECONDS - (now - idle_since)
+                    if wait > 0:
+                        wait = min(wait, max(self._min_delay, IDLE_TICK))
                 if wait > 0:
                     self._sleeping_until = now + wait
                     self._cond.wait(wait)

@@ -108,8 +108,7 @@ def check_lock(
     """Validate a lock's construction arguments (``ValueError`` naming the first bad one,
     a bad ``name`` included: its companion keys must share its hash slot); the lease in
     milliseconds."""
-    if not isinstance(name, str) or not name:
-        raise ValueError(f"lock name must be a non-empty string, got {name!r}")
+    check_name(name)
     if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
         raise ValueError(f"limit must be an int >= 1, got {limit!r}")
     if limit > MAX_LIMIT:
@@ -120,11 +119,24 @@ def check_lock(
         raise ValueError(f"group must be a non-empty string without ':', got {group!r}")
     lease = lease_ms(timeout, "timeout")
     lease_ms(fallback_poll, "fallback_poll")
-    for label, given in (("token", token), ("claim", claim)):
-        if given is not None and (not isinstance(given, str) or not given or ":" in given):
-            raise ValueError(f"{label} must be a non-empty string without ':', got {given!r}")
-    companion_key(name, "")  # a name with a '}' but no hash tag: ValueError
+    check_token("token", token)
+    check_token("claim", claim)
     return lease
+
+
+def check_name(name: object) -> None:
+    """Validate a lock name (``ValueError``): a non-empty string whose companion keys can
+    share its hash slot."""
+    if not isinstance(name, str) or not name:
+        raise ValueError(f"lock name must be a non-empty string, got {name!r}")
+    companion_key(name, "")  # a name with a '}' but no hash tag: ValueError
+
+
+def check_token(label: str, given: object) -> None:
+    """Validate an owner token argument (``token``, ``claim``): None, or a non-empty string
+    without ':' (``ValueError`` naming ``label``)."""
+    if given is not None and (not isinstance(given, str) or not given or ":" in given):
+        raise ValueError(f"{label} must be a non-empty string without ':', got {given!r}")
 
 
 def fair_ms(fair_after: object, *, scripting: bool) -> int:

@@ -10,6 +10,7 @@ import logging
 import secrets
 import threading
 import time
+import weakref
 from typing import TYPE_CHECKING, ClassVar, cast
 
 from celery_singleton_lock.engine import rules
@@ -75,12 +76,15 @@ class LockSteps(LockCore[Client]):
                 self._reservation.release()
             if self._fixed_token is None:  # a fixed token is one owner, whichever caller
                 with self._mutex:
+                    if self._contended is None:
+                        self._contended = weakref.WeakKeyDictionary()
                     self._contended[me] = tuple(self._holds.values())
             return False
         hold.reserved = reserved
         with self._mutex:
             self._holds[me] = hold
-            self._contended.pop(me, None)
+            if self._contended:
+                self._contended.pop(me, None)
         if self.auto_renew:
             self._start_renewal(hold)
         return True

@@ -6,6 +6,7 @@ the protocols of :mod:`celery_singleton_lock.modes.base`, which is all a mode se
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import time
 from collections.abc import Callable
@@ -87,7 +88,7 @@ class Run:
     #: A mode said this delivery is the work itself (see ``insist``).
     insisting: bool = False
 
-    @property
+    @functools.cached_property
     def task_id(self) -> str:
         return str(self.request.id)
 

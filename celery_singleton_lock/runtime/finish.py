@@ -27,7 +27,7 @@ if TYPE_CHECKING:
     from celery_singleton_lock.options import LockOptions
     from celery_singleton_lock.runtime.context import Run
 
-__all__ = ["GivenUp", "finish", "release_after_run"]
+__all__ = ["GivenUp", "end_run", "finish", "release_after_run"]
 
 log = logging.getLogger("celery_singleton_lock.task")
 
@@ -66,9 +66,16 @@ class GivenUp:
 def release_after_run(task: Any, task_id: str, state: str | None) -> None:
     """Give up the hold of the current run of ``task``: at the end of its body, and from
     ``task_postrun`` should a run end without passing there."""
-    request = task.request
-    run: Run | None = getattr(request, RUN_ATTR, None)
-    if run is None:
+    run: Run | None = getattr(task.request, RUN_ATTR, None)
+    if run is not None:
+        end_run(run, state)
+
+
+def end_run(run: Run, state: str | None) -> None:
+    """Give up ``run``'s hold as its body ends in ``state`` (once: ``task_postrun`` then
+    finds nothing to do)."""
+    request = run.request
+    if getattr(request, RUN_ATTR, None) is not run:
         return
     setattr(request, RUN_ATTR, None)
     if run.holding:

@@ -202,22 +202,52 @@ class TaskLocking:
                     (token for mode in self.plan.claim if (token := mode.claim(task_id, options))),
                     None,
                 )
-        return RunLock(
-            self.client(app),
+        client = self.client(app)
+        token = queue_token(task_id, options.limit) if queued else None
+        unless_finished = task_id if not queued and self.plan.scope.drops_finished else None
+        if options.limit > 1:  # each task's slots are its own group: no template
+            return RunLock(
+                client,
+                key,
+                **self._lock_arguments(queued),
+                token=token,
+                claim=claim,
+                group=task_group(task_id),
+                holder_info=holder_info,
+                stack=None if queued else stack,
+                unless_finished=unless_finished,
+            )
+        return self._template(client, queued).on_key(
             key,
-            timeout=options.queue_timeout if queued else options.timeout,
-            auto_renew=options.renew and not queued,
-            scripting=self.settings.scripting,
-            token=queue_token(task_id, options.limit) if queued else None,
+            token=token,
             claim=claim,
-            limit=options.limit,
-            group=task_group(task_id) if options.limit > 1 else None,
             holder_info=holder_info,
-            replicas=options.replicas,
-            fair_after=options.fair_after,
             stack=None if queued else stack,
-            unless_finished=task_id if not queued and self.plan.scope.drops_finished else None,
+            unless_finished=unless_finished,
         )
+
+    def _lock_arguments(self, queued: bool) -> dict[str, Any]:
+        """The arguments of a publish's lock (``queued``) or a run's that are the same for
+        every call of the task."""
+        options = self.options
+        return {
+            "timeout": options.queue_timeout if queued else options.timeout,
+            "auto_renew": options.renew and not queued,
+            "scripting": self.settings.scripting,
+            "limit": options.limit,
+            "replicas": options.replicas,
+            "fair_after": options.fair_after,
+        }
+
+    def _template(self, client: LockClient, queued: bool) -> RunLock:
+        """The lock every publish's (``queued``) or run's lock of this task is built from
+        (``RedisLock.on_key``): its arguments checked once per task and client."""
+        templates: dict[bool, RunLock] = self.__dict__.setdefault("_templates", {})
+        found = templates.get(queued)
+        if found is None or found.client is not client:
+            name = f"{self.settings.prefix}:{{template}}"
+            found = templates[queued] = RunLock(client, name, **self._lock_arguments(queued))
+        return found
 
 
 _JSON_SCALARS = (str, int, bool, type(None))

@@ -42,7 +42,7 @@ from celery_singleton_lock.modes.scope import queue_owner
 from celery_singleton_lock.runtime import headers as hdr
 from celery_singleton_lock.runtime.context import CURRENT, RUN_ATTR, Run
 from celery_singleton_lock.runtime.delivery import reclaim_from_dead_delivery
-from celery_singleton_lock.runtime.finish import GivenUp, release_after_run
+from celery_singleton_lock.runtime.finish import GivenUp, end_run
 from celery_singleton_lock.runtime.locking import TaskLocking, locking_for
 
 if TYPE_CHECKING:
@@ -76,9 +76,10 @@ def run_locking(task: AnyTask, request: Any) -> TaskLocking | None:
     return locking.with_call_options(hdr.carried_options(request, task.name))
 
 
-def resolve(task: AnyTask, args: tuple[Any, ...], kwargs: dict[str, Any], call: Any) -> Run | None:
-    """The run of this delivery (None when the task is not locked)."""
-    request = task.request
+def resolve(
+    task: AnyTask, request: Any, args: tuple[Any, ...], kwargs: dict[str, Any], call: Any
+) -> Run | None:
+    """The run of this delivery (``request``; None when the task is not locked)."""
     locking = run_locking(task, request)
     if locking is None:
         return None
@@ -100,7 +101,7 @@ def locked_call(task: AnyTask, args: tuple[Any, ...], kwargs: dict[str, Any], ca
         # A plain function call (perhaps from inside the task's own locked run, which it
         # sees as its request): not a task run, no lock.
         return call(*args, **kwargs)
-    run = resolve(task, args, kwargs, call)
+    run = resolve(task, request, args, kwargs, call)
     if run is None:
         return call(*args, **kwargs)
     try:
@@ -280,4 +281,4 @@ def body(run: Run) -> Any:
         raise
     finally:
         CURRENT.reset(current)
-        release_after_run(run.task, run.task_id, state)
+        end_run(run, state)

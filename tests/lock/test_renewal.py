@@ -11,7 +11,7 @@ import pytest
 import redis
 
 from celery_singleton_lock import RedisLock
-from celery_singleton_lock.engine.renewal import renewer
+from celery_singleton_lock.engine.renewal import _Renewer, renewer
 from celery_singleton_lock.testing import RedisServer
 
 #: How long the 10,000-lock test holds its locks (seconds); raise it to soak longer.
@@ -104,3 +104,46 @@ def test_renewals_due_together_go_in_one_batch_and_each_hold_gets_its_own_answer
 def _evalsha_calls(client: redis.Redis) -> int:
     stats = client.info("commandstats").get("cmdstat_evalsha", {})
     return int(stats.get("calls", 0))
+
+
+def test_registering_a_hold_does_not_wake_an_idle_lane() -> None:
+    """Short runs end long before their first renewal is due. Once the lane's thread has
+    dropped such an ended hold and gone idle, registering the next hold must not wake it
+    (a wake-up per task is a thread switch per task): an idle thread wakes on its own at
+    least as often as the shortest renewal delay it serves."""
+
+    class Held:
+        ended = False
+
+    class Lock:  # a lane keeps only a weak reference; nothing here is renewed
+        pass
+
+    lanes = _Renewer()
+    lock = Lock()
+    first = Held()
+    lanes.schedule("pool", lock, first, 10.0)
+    lane = lanes._lanes["pool"]
+    first.ended = True
+    with lane._cond:  # the thread drops the ended hold as soon as it looks
+        lane._cond.notify()
+    deadline = time.monotonic() + 30
+    while True:
+        with lane._cond:
+            if not lane._heap and lane._sleeping_until != float("-inf"):
+                break
+        assert time.monotonic() < deadline, "the lane never dropped the ended hold"
+        time.sleep(0.01)
+    wakes = 0
+    notify = lane._cond.notify
+
+    def counted(n: int = 1) -> None:
+        nonlocal wakes
+        wakes += 1
+        notify(n)
+
+    lane._cond.notify = counted  # type: ignore[method-assign]
+    for _ in range(200):
+        hold = Held()
+        lanes.schedule("pool", lock, hold, 10.0)
+        hold.ended = True
+    assert wakes == 0
