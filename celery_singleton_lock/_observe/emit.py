@@ -46,17 +46,20 @@ def acquired(
 ) -> None:
     """The run of ``task_id`` holds ``lock`` since now; it began trying at ``started``."""
     now = time.monotonic()
+    fencing_token = lock.fencing_token
     if isinstance(lock, RunLock):
         lock.acquired_at = now
-        lock.held_token = lock.fencing_token
+        lock.held_token = fencing_token
         lock.renewals = 0
         lock.task, lock.task_id = task, task_id
+    if not lock_acquired.receivers:
+        return
     emit(
         lock_acquired,
         task,
         key=lock.name,
         task_id=task_id,
-        fencing_token=lock.fencing_token,
+        fencing_token=fencing_token,
         waited=max(0.0, now - started),
         policy=options.on_conflict,
         scope=options.scope,

@@ -151,7 +151,7 @@ class LockCore(HoldView, Generic[Client]):
         argument (checked once, when this one was built) and the given per-key ones: what
         a task builds for each run without validating its options again. It shares no
         state with this one: it holds nothing and has its own owner tokens."""
-        rules.check_name(name)
+        base = rules.check_name(name)
         rules.check_token("token", token)
         rules.check_token("claim", claim)
         lock = object.__new__(type(self))
@@ -162,7 +162,7 @@ class LockCore(HoldView, Generic[Client]):
         lock._check_stack(name, stack)
         lock.stack = stack
         lock._set_unless_finished(unless_finished)
-        lock.signal_key = companion_key(name, SIGNAL)
+        lock.signal_key = base + SIGNAL
         lock._given_info = holder_info
         lock._setup()
         lock._start_process()

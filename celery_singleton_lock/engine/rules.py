@@ -124,12 +124,12 @@ def check_lock(
     return lease
 
 
-def check_name(name: object) -> None:
+def check_name(name: object) -> str:
     """Validate a lock name (``ValueError``): a non-empty string whose companion keys can
-    share its hash slot."""
+    share its hash slot; the prefix of those keys (``keyspace.base_key``)."""
     if not isinstance(name, str) or not name:
         raise ValueError(f"lock name must be a non-empty string, got {name!r}")
-    companion_key(name, "")  # a name with a '}' but no hash tag: ValueError
+    return companion_key(name, "")  # a name with a '}' but no hash tag: ValueError
 
 
 def check_token(label: str, given: object) -> None:

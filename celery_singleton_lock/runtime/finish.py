@@ -27,7 +27,7 @@ if TYPE_CHECKING:
     from celery_singleton_lock.options import LockOptions
     from celery_singleton_lock.runtime.context import Run
 
-__all__ = ["GivenUp", "end_run", "finish", "release_after_run"]
+__all__ = ["GivenUp", "end_run", "finish", "release_after_run", "start_run"]
 
 log = logging.getLogger("celery_singleton_lock.task")
 
@@ -66,9 +66,22 @@ class GivenUp:
 def release_after_run(task: Any, task_id: str, state: str | None) -> None:
     """Give up the hold of the current run of ``task``: at the end of its body, and from
     ``task_postrun`` should a run end without passing there."""
+    if not _open:  # no run of this process is between its start and its end
+        return
     run: Run | None = getattr(task.request, RUN_ATTR, None)
     if run is not None:
         end_run(run, state)
+
+
+#: The runs of this process that started and have not ended (by ``id``), so that
+#: ``task_postrun`` after a run that ended as usual costs no request lookup.
+_open: set[int] = set()
+
+
+def start_run(run: Run) -> None:
+    """``run`` starts (its request knows it, for ``current_lock()`` and for its end)."""
+    _open.add(id(run))
+    setattr(run.request, RUN_ATTR, run)
 
 
 def end_run(run: Run, state: str | None) -> None:
@@ -78,6 +91,7 @@ def end_run(run: Run, state: str | None) -> None:
     if getattr(request, RUN_ATTR, None) is not run:
         return
     setattr(request, RUN_ATTR, None)
+    _open.discard(id(run))
     if run.holding:
         run.holding = False
         finish(run, state)

@@ -197,7 +197,7 @@ class TaskLocking:
             holder_info = self._info(task_id, queued=True)
         else:
             holder_info = self._fast_info(task_id)
-            if claim is None:
+            if claim is None and self.plan.claim:
                 claim = next(
                     (token for mode in self.plan.claim if (token := mode.claim(task_id, options))),
                     None,

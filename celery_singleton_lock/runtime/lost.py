@@ -87,12 +87,20 @@ def remember_delivery(request: Any) -> None:
     """The worker's main process received a message (``task_received``): keep the lock
     headers it carries (its key, its per-call options), which a parent-side release of its
     run needs should the pool process running it be lost."""
+    carried = getattr(request, "request_dict", None)
+    if isinstance(carried, dict):  # a worker's Request: its message's headers, as sent
+        kept = {
+            name: value
+            for name in (hdr.HEADER_KEY, hdr.HEADER_OPTIONS)
+            if (value := carried.get(name)) is not None
+        }
+    else:
+        kept = {
+            name: value
+            for name in (hdr.HEADER_KEY, hdr.HEADER_OPTIONS)
+            if (value := hdr.header(request, name)) is not None
+        }
     task_id = getattr(request, "id", None)
-    kept = {
-        name: value
-        for name in (hdr.HEADER_KEY, hdr.HEADER_OPTIONS)
-        if (value := hdr.header(request, name)) is not None
-    }
     if not task_id or not kept:
         return
     with _received_guard:

@@ -42,7 +42,7 @@ from celery_singleton_lock.modes.scope import queue_owner
 from celery_singleton_lock.runtime import headers as hdr
 from celery_singleton_lock.runtime.context import CURRENT, RUN_ATTR, Run
 from celery_singleton_lock.runtime.delivery import reclaim_from_dead_delivery
-from celery_singleton_lock.runtime.finish import GivenUp, end_run
+from celery_singleton_lock.runtime.finish import GivenUp, end_run, start_run
 from celery_singleton_lock.runtime.locking import TaskLocking, locking_for
 
 if TYPE_CHECKING:
@@ -151,7 +151,7 @@ def before_body(run: Run) -> Callable[[], Any]:
         return run.body  # fail open: singleton_lock_fail_open runs it unlocked
     observe.acquired(run.task, run.lock, run.task_id, run.options, run.started)
     keeps = [mode.start(run) for mode in plan.start]
-    setattr(run.request, RUN_ATTR, run)
+    start_run(run)
     if not all(keeps):
         return run.body  # freed at its start: current_lock() is None
     run.holding = True

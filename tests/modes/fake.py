@@ -272,7 +272,7 @@ class Fake:
 
         state: str = states.FAILURE
         try:
-            real = resolve(task, tuple(args), dict(kwargs), call)
+            real = resolve(task, task.request, tuple(args), dict(kwargs), call)
             assert real is not None, f"{task.name} is not locked"
             run = FakeRun(**{f.name: getattr(real, f.name) for f in dataclasses.fields(Run)})
             delivery = Delivery(run)
