@@ -82,14 +82,6 @@ class TaskLocking:
         """The policy, scope and modes these options select."""
         return plan_for(self.options)
 
-    @functools.cached_property
-    def _holder_info(self) -> tuple[int, str, str]:
-        """The holder info a run's lock writes in this process (its pid), as the JSON
-        text before and after the task id: the rest is the same for every run here."""
-        marker = "\x00task-id\x00"
-        before, _, after = self._info(marker).partition(json.dumps(marker))
-        return os.getpid(), before, after
-
     def key(
         self, args: Any, kwargs: Any, *, received: bool = False, serializer: str | None = None
     ) -> str:
@@ -150,13 +142,21 @@ class TaskLocking:
             info["queued"] = True
         return json.dumps(info, sort_keys=True, separators=(",", ":"))
 
-    def _fast_info(self, task_id: str) -> str:
-        """``_info`` of a run from the cached template (rebuilt in a forked child, whose
-        pid differs)."""
-        pid, before, after = self._holder_info
-        if pid != os.getpid():
-            del self.__dict__["_holder_info"]
-            pid, before, after = self._holder_info
+    def _fast_info(self, task_id: str, *, queued: bool = False) -> str:
+        """``_info`` from a template of this process (worked out again in a forked child,
+        whose pid differs): the JSON text around the task id is the same for every lock."""
+        pid = os.getpid()
+        parts = self.__dict__.get("_info_parts")
+        if parts is None or parts[0] != pid:
+            marker = "\x00task-id\x00"
+            parts = self.__dict__["_info_parts"] = (
+                pid,
+                {
+                    held: self._info(marker, queued=held).partition(json.dumps(marker))[::2]
+                    for held in (False, True)
+                },
+            )
+        before, after = parts[1][queued]
         return before + json.dumps(task_id) + after
 
     def owner(self, app: Any, key: str, token: str) -> RedisLock:
@@ -194,7 +194,7 @@ class TaskLocking:
         """
         options = self.options
         if queued:
-            holder_info = self._info(task_id, queued=True)
+            holder_info = self._fast_info(task_id, queued=True)
         else:
             holder_info = self._fast_info(task_id)
             if claim is None and self.plan.claim:
