@@ -235,6 +235,8 @@ class LockCore(HoldView, Generic[Client]):
 
     def _own_hold(self, me: Hashable) -> Hold | None:
         """The caller's hold in this process (forgetting a parent's after fork)."""
+        if not self._holds and self._pid == os.getpid():
+            return None  # a lock that holds nothing here (a run's fresh lock)
         with self._mutex:
             if self._pid != os.getpid():
                 self._start_process()
