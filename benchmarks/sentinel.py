@@ -305,8 +305,14 @@ class SentinelGroup:
         node.process.wait(timeout=10)
         return port
 
-    def wait_failover(self, old_port: int, timeout: float = 30.0) -> int:
-        """Until every sentinel names a new master that says it is one; its port."""
+    def wait_failover(self, old_port: int, timeout: float | None = None) -> int:
+        """Until every sentinel names a new master that says it is one; its port.
+
+        By default the wait covers a failover whose first election failed (on a busy
+        machine the sentinels can split their votes): a sentinel tries again only after
+        twice ``failover-timeout``, so the bound is that plus 30 s."""
+        if timeout is None:
+            timeout = 2 * self.failover_timeout_ms / 1000 + 30.0
 
         def promoted() -> bool:
             try:
