@@ -182,31 +182,14 @@ class LockKeys:
         #: lock, whether or not this instance knows its stack).
         self.stacked = stack is not None or is_stacked(name)
         # The waiters' queue (see ``scripts``), in the lock's hash slot.
-        self._base = base = base_key(name)  # every companion is base + its suffix
+        base = base_key(name)  # every companion below is base + its suffix
         self.queue_key = base + QUEUE
-
-    @property
-    def waiter_prefix(self) -> str:
-        return self._base + WAITER
-
-    @property
-    def grant_prefix(self) -> str:
-        return self._base + GRANT
-
-    @property
-    def slots_key(self) -> str:
-        """The slot index (limit > 1)."""
-        return self._base + SLOTS
-
-    @property
-    def owners_key(self) -> str:
-        """The slot index's owners."""
-        return self._base + OWNERS
-
-    @property
-    def sync_key(self) -> str:
-        """The marker a replicas' ``WAIT`` writes."""
-        return self._base + SYNC
+        self.waiter_prefix = base + WAITER
+        self.grant_prefix = base + GRANT
+        # The slot index and its owners, and the marker a replicas' WAIT writes.
+        self.slots_key = base + SLOTS
+        self.owners_key = base + OWNERS
+        self.sync_key = base + SYNC
 
     def waiter_key(self, token: str) -> str:
         """Where queued waiter ``token`` says it is still waiting (while the key lives)."""
