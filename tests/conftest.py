@@ -28,7 +28,7 @@ def redis_server() -> Iterator[RedisServer]:
 @pytest.fixture
 def client(redis_server: RedisServer) -> Iterator[redis.Redis]:
     """A client of the session's private server."""
-    conn = redis.Redis.from_url(redis_server.url, socket_connect_timeout=2)
+    conn = redis.Redis.from_url(redis_server.url, socket_connect_timeout=10)
     yield conn
     conn.close()
 
@@ -47,3 +47,23 @@ def fresh_server() -> Iterator[RedisServer]:
 
 
 Factory = Callable[..., Any]
+
+
+#: Tests that start a ``celery`` (or ``pytest``) process for each of their steps, or a
+#: RabbitMQ node: the CLI's tests, the transcripts of its docs, the pytest plugin's inner
+#: suites. A start takes about a second on a quiet machine and tens of seconds on one
+#: running a second copy of the suite, and a test takes up to a dozen.
+_PROCESS_PER_STEP = (
+    "tests/cli/",
+    "tests/docs/test_generated.py::test_the_cli_transcripts",
+    "tests/plugin/",
+    "tests/worker/test_rabbitmq.py",
+)
+_PROCESS_PER_STEP_TIMEOUT = 600
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Give the tests that start a process per step a bound that a loaded machine keeps."""
+    for item in items:
+        if item.nodeid.startswith(_PROCESS_PER_STEP) and not item.get_closest_marker("timeout"):
+            item.add_marker(pytest.mark.timeout(_PROCESS_PER_STEP_TIMEOUT))

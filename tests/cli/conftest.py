@@ -51,7 +51,7 @@ def run(redis_server: RedisServer, prefix: str) -> Run:
             stdin=subprocess.DEVNULL if stdin is None else None,
             capture_output=True,
             text=True,
-            timeout=60,
+            timeout=240,
             check=False,
         )
 

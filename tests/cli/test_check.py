@@ -27,7 +27,7 @@ def check(url: str, *args: str, **env: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-m", "celery", "-A", "tests.cli.cliproj", "locks", "check", *args],
         cwd=ROOT, env=environ, stdin=subprocess.DEVNULL, capture_output=True, text=True,
-        timeout=60, check=False,
+        timeout=240, check=False,
     )  # fmt: skip
 
 

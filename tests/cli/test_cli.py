@@ -56,7 +56,7 @@ def test_celery_lists_the_locks_subcommand() -> None:
         cwd=ROOT,
         capture_output=True,
         text=True,
-        timeout=60,
+        timeout=240,
         check=False,
     )
     assert done.returncode == 0, done.stderr

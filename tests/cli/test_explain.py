@@ -60,7 +60,7 @@ def cli(redis_server: RedisServer, prefix: str) -> Cli:
         return subprocess.run(
             [sys.executable, "-m", "celery", "-A", APP, "locks", *args],
             cwd=ROOT, env=_environ(redis_server, prefix, url), stdin=subprocess.DEVNULL,
-            capture_output=True, text=True, timeout=60, check=False,
+            capture_output=True, text=True, timeout=240, check=False,
         )  # fmt: skip
 
     return run
@@ -75,7 +75,7 @@ def publish(redis_server: RedisServer, prefix: str) -> Callable[[str], Any]:
         done = subprocess.run(
             [sys.executable, "-c", f"import json\nfrom {APP} import *\n{code}"],
             cwd=ROOT, env=_environ(redis_server, prefix), capture_output=True, text=True,
-            timeout=60, check=True,
+            timeout=240, check=True,
         )  # fmt: skip
         return json.loads(done.stdout)
 

@@ -63,7 +63,7 @@ def cli(redis_server: RedisServer, prefix: str) -> Cli:
         return subprocess.run(
             [sys.executable, "-m", "celery", "-A", APP, "locks", "limit", *args],
             cwd=ROOT, env=environ, stdin=subprocess.DEVNULL, capture_output=True, text=True,
-            timeout=60, check=False,
+            timeout=240, check=False,
         )  # fmt: skip
 
     return run
@@ -511,7 +511,7 @@ def test_locks_explain_names_the_limit_that_holds_a_call_back(
         [sys.executable, "-m", "celery", "-A", APP, "locks", "explain", EXPORT, '"r3"', '"acme"',
          "--json"],
         cwd=ROOT, env=environ, stdin=subprocess.DEVNULL, capture_output=True, text=True,
-        timeout=60, check=False,
+        timeout=240, check=False,
     )  # fmt: skip
     assert done.returncode == 0, done.stderr
     found = json.loads(done.stdout)
@@ -524,7 +524,7 @@ def test_locks_explain_names_the_limit_that_holds_a_call_back(
     text = subprocess.run(
         [sys.executable, "-m", "celery", "-A", APP, "locks", "explain", EXPORT, '"r3"', '"acme"'],
         cwd=ROOT, env=environ, stdin=subprocess.DEVNULL, capture_output=True, text=True,
-        timeout=60, check=False,
+        timeout=240, check=False,
     ).stdout  # fmt: skip
     assert "tenant:acme: 2 of 2 used by 2 holds" in text
     assert "does not fit" in text

@@ -38,7 +38,7 @@ def hold_of_a_dead_process(url: str, key: str, task_id: str) -> None:
     """A hold on ``key`` by task ``task_id`` whose process is gone (it exited holding it)."""
     subprocess.run(
         [sys.executable, "-c", _DIE_HOLDING, url, key, task_id, TASK],
-        cwd=ROOT, check=True, timeout=60,
+        cwd=ROOT, check=True, timeout=240,
     )  # fmt: skip
 
 

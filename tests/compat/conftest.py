@@ -121,7 +121,7 @@ def compat_worker(
     log = tmp_path_factory.mktemp("compat-worker") / "worker.log"
     worker = CeleryWorker(
         "tests.compat.compat_proj", concurrency=2, env=_proj_env(compat_redis), cwd=ROOT,
-        log_path=log, hostname=f"compat-{uuid.uuid4().hex[:6]}@%h", ready_timeout=60,
+        log_path=log, hostname=f"compat-{uuid.uuid4().hex[:6]}@%h", ready_timeout=120,
     )  # fmt: skip
     worker.start()
     yield worker
@@ -140,7 +140,7 @@ def start_worker(
         worker = CeleryWorker(
             "tests.compat.compat_proj", concurrency=concurrency, queues=[queue],
             env=_proj_env(compat_redis, lease), cwd=ROOT, log_path=tmp_path / "worker.log",
-            hostname=f"compat-own-{uuid.uuid4().hex[:6]}@%h", ready_timeout=60,
+            hostname=f"compat-own-{uuid.uuid4().hex[:6]}@%h", ready_timeout=120,
         )  # fmt: skip
         started.append(worker)
         return worker.start()

@@ -60,7 +60,7 @@ def test_workers_keep_going_across_a_sentinel_failover(
     }
     with CeleryWorker(
         "tests.deploy.failover_proj", concurrency=2, env=env, cwd=ROOT,
-        log_path=tmp_path / "worker.log", ready_timeout=60,
+        log_path=tmp_path / "worker.log", ready_timeout=120,
     ) as worker:  # fmt: skip
         before = [failover_proj.bump.delay(f"k{i % 2}") for i in range(10)]
         for result in before[:4]:

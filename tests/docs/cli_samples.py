@@ -67,7 +67,7 @@ def _run(server: RedisServer, *args: str, stdin: str | None = None, **env: str) 
     done = subprocess.run(
         [*CELERY, "-A", APP, "locks", *args],
         cwd=ROOT, env=environ, input=stdin, stdin=subprocess.DEVNULL if stdin is None else None,
-        capture_output=True, text=True, timeout=120, check=False,
+        capture_output=True, text=True, timeout=240, check=False,
     )  # fmt: skip
     shown = " ".join(_quoted(arg) for arg in ("celery", "-A", SHOWN_APP, "locks", *args))
     # What a terminal shows: the prompt (stderr) as typed over, then the answer (stdout).
@@ -109,14 +109,17 @@ def _hold(
 
 
 @contextlib.contextmanager
-def _kept(lock: RedisLock) -> Iterator[None]:
-    """Keep ``lock``'s lease from running out while the commands run (each one starts a
-    Python process: on a busy machine, together longer than the lease), then stop."""
+def _kept(locks: list[RedisLock]) -> Iterator[None]:
+    """Keep the leases of ``locks`` (and of any lock added to the list later) from running
+    out while the commands run (each one starts a Python process: on a busy machine,
+    together longer than the lease), then stop. A hold a command cleared is left alone."""
     stop = threading.Event()
 
     def keep() -> None:
         while not stop.wait(2.0):
-            lock.extend()
+            for lock in list(locks):
+                with contextlib.suppress(LockNotOwned):
+                    lock.extend()
 
     keeper = threading.Thread(target=keep, daemon=True)
     keeper.start()
@@ -166,7 +169,8 @@ def _produce(server: RedisServer, client: redis.Redis) -> dict[str, str]:
     buy = shopproj.buy.lock_key("sku-42", 7)
     export = shopproj.export.lock_key(42, "q3")
     holder = _hold(client, buy, BUY_HOLDER, "shop.buy", "worker-1/4242")
-    with _kept(holder):
+    kept = [holder]
+    with _kept(kept):
         # fallback_poll: a waiter keeps its place in the queue for its poll period; a long one
         # keeps it however late a busy machine lets the thread look again.
         waiter = RedisLock(
@@ -189,7 +193,7 @@ def _produce(server: RedisServer, client: redis.Redis) -> dict[str, str]:
             f"nightly_report.apply_async(('2026-11-25',), task_id={REPORT_FOLLOW_UP!r})",
         )
         for task_id, where in zip(EXPORTS, ("worker-1/4243", "worker-2/5150"), strict=True):
-            _hold(client, export, task_id, "shop.export", where, limit=2)
+            kept.append(_hold(client, export, task_id, "shop.export", where, limit=2))
 
         samples: dict[str, list[Sample]] = {
             "LIST": [_run(server, "list")],

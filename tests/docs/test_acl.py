@@ -96,7 +96,7 @@ class Rig:
         self.data = redis.Redis.from_url(server.url.replace("/0", "/3"), decode_responses=True)
         self.worker = CeleryWorker(
             "tests.docs.aclproj", concurrency=4, env=self.env, cwd=ROOT,
-            log_path=tmp / "worker.log", ready_timeout=60,
+            log_path=tmp / "worker.log", ready_timeout=120,
         )  # fmt: skip
 
     def cli(self, *args: str) -> subprocess.CompletedProcess[str]:

@@ -147,7 +147,7 @@ def start_celery(
     role = celery_role(service)
     process = CeleryProcess(
         local_args(service["command"][1:], tmp), env=local_env(service, servers, tmp), cwd=ROOT,
-        ready_marker=" ready." if role == "worker" else "beat: Starting", ready_timeout=60,
+        ready_marker=" ready." if role == "worker" else "beat: Starting", ready_timeout=120,
         name=name,
     )  # fmt: skip
     return process.start(wait=False)

@@ -30,9 +30,9 @@ def make_lock(client: redis.Redis, key: str, scripting: bool) -> Any:
 
 
 def wait_queued(client: redis.Redis, key: str, count: int) -> None:
-    """Return once ``count`` waiters have their place in ``key``'s queue (bounded: 30 s),
-    instead of sleeping and hoping they have."""
-    deadline = time.monotonic() + 30
+    """Return once ``count`` waiters have their place in ``key``'s queue (bounded: 120 s,
+    for a loaded machine), instead of sleeping and hoping they have."""
+    deadline = time.monotonic() + 120
     while client.zcard(companion_key(key, "queue")) < count:
         assert time.monotonic() < deadline, f"fewer than {count} waiters queued"
         time.sleep(0.01)

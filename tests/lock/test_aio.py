@@ -38,7 +38,7 @@ Scenario = Callable[[redis.asyncio.Redis], Awaitable[None]]
 @asynccontextmanager
 async def connected(url: str, **kwargs: Any) -> AsyncIterator[redis.asyncio.Redis]:
     """An asyncio client of ``url``, closed on the way out."""
-    kwargs.setdefault("socket_connect_timeout", 2)
+    kwargs.setdefault("socket_connect_timeout", 10)  # a loaded host is slow to schedule it
     client = redis.asyncio.Redis.from_url(url, **kwargs)
     try:
         yield client
@@ -387,17 +387,17 @@ def test_non_blocking_try_does_not_ask_for_a_wake_up(
 
 
 def test_fallback_poll_longer_than_the_socket_timeout(redis_server: RedisServer, key: str) -> None:
-    """A waiter whose fallback poll (60 s) is longer than its client's socket timeout (1 s)
-    waits its full acquire timeout without a LockBackendError, and a release wakes it."""
+    """A waiter whose fallback poll (60 s) is longer than its client's socket timeout (3 s)
+    waits its full acquire timeout (4 s) without a LockBackendError, and a release wakes it."""
 
     async def scenario(client: redis.asyncio.Redis) -> None:
         holder = AsyncRedisLock(client, key, timeout=30)
         waiter = AsyncRedisLock(client, key, timeout=30, fallback_poll=60.0)
         assert await holder.acquire()
         started = time.monotonic()
-        assert not await waiter.acquire(timeout=1.5)
+        assert not await waiter.acquire(timeout=4.0)
         # not sooner; not the 60 s poll (15 s spare for a busy machine)
-        assert 1.5 - 0.01 < time.monotonic() - started < 1.5 + 15
+        assert 4.0 - 0.01 < time.monotonic() - started < 4.0 + 15
 
         async def release_later() -> None:
             await asyncio.sleep(0.5)
@@ -408,8 +408,8 @@ def test_fallback_poll_longer_than_the_socket_timeout(redis_server: RedisServer,
         await releasing
         await waiter.release()
 
-    # 1 s: a loaded host has taken longer than 0.3 s to answer a plain GET
-    run(redis_server.url, scenario, socket_timeout=1.0)
+    # 3 s: a host running two copies of the suite has taken over a second to answer a GET
+    run(redis_server.url, scenario, socket_timeout=3.0)
 
 
 def test_a_cancelled_waiter_leaves_the_queue_and_is_never_handed_the_lock(

@@ -15,6 +15,7 @@ import redis
 
 from celery_singleton_lock import LockNotOwned, RedisLock
 from celery_singleton_lock.testing import RedisServer
+from tests.lock.conftest import wait_queued
 
 
 def slots(client: redis.Redis, key: str, limit: int = 3, **kwargs: Any) -> RedisLock:
@@ -115,7 +116,7 @@ def test_waiters_get_slots_in_the_order_they_came(client: redis.Redis, key: str)
 
     def wait(index: int) -> None:
         lock = slots(client, key, limit=2, timeout=30, fallback_poll=5.0)
-        assert lock.acquire(timeout=20)
+        assert lock.acquire(timeout=120)
         order.append(index)
         time.sleep(0.05)
         lock.release()
@@ -127,9 +128,10 @@ def test_waiters_get_slots_in_the_order_they_came(client: redis.Redis, key: str)
         thread = threading.Thread(target=wait, args=(index,))
         thread.start()
         threads.append(thread)
-        time.sleep(0.15)
+        # The next one comes only after this one has queued (however slow the machine).
+        wait_queued(client, key, index + 1)
     holders[0].release()
-    assert done.wait(20)
+    assert done.wait(120)
     for thread in threads:
         thread.join(10)
     assert order == [0, 1, 2, 3, 4]

@@ -181,18 +181,19 @@ def test_a_client_from_a_bare_url_keeps_redis_pys_own_socket_timeout(
 def test_fallback_poll_longer_than_the_socket_timeout(
     redis_server: RedisServer, key: str, scripting: bool
 ) -> None:
-    """A waiter whose fallback poll (5 s) is longer than its client's socket timeout (1 s)
-    waits its full acquire timeout without a LockBackendError, and a release still wakes it.
-    (With 0.3 s, a loaded CI host once took longer than that to answer a plain GET.)"""
-    client = redis.Redis.from_url(redis_server.url, socket_timeout=1.0)
+    """A waiter whose fallback poll (60 s) is longer than its client's socket timeout (3 s)
+    waits its full acquire timeout (4 s) without a LockBackendError, and a release still
+    wakes it. (A host running two copies of the suite has taken over a second to answer a
+    plain GET.)"""
+    client = redis.Redis.from_url(redis_server.url, socket_timeout=3.0)
     holder = RedisLock(client, key, timeout=30, scripting=scripting)
     waiter = RedisLock(client, key, timeout=30, scripting=scripting, fallback_poll=60.0)
     assert holder.acquire()
     started = time.monotonic()
-    assert not waiter.acquire(timeout=1.5)
+    assert not waiter.acquire(timeout=4.0)
     # not sooner than its timeout; the upper bound only tells "not the 60 s poll" and
     # leaves 15 s for a busy machine
-    assert 1.5 - 0.01 < time.monotonic() - started < 1.5 + 15
+    assert 4.0 - 0.01 < time.monotonic() - started < 4.0 + 15
     _released_wakes(client, holder, waiter)
 
 

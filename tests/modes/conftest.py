@@ -51,7 +51,7 @@ def _worker(
 ) -> CeleryWorker:
     return CeleryWorker(
         APP, concurrency=2, hostname=f"{name}@%h", cwd=ROOT, log_path=tmp / f"{name}.log",
-        ready_timeout=60, extra_args=("-E",), queues=queues,
+        ready_timeout=120, extra_args=("-E",), queues=queues,
         env={"CSL_MODES_URL": modes_redis.url, "PYTHONPATH": str(ROOT), **env},
     )  # fmt: skip
 

@@ -189,11 +189,12 @@ def start_retry(self: Any, name: str, seconds: float, retry: bool) -> str:
 
 @app.task(
     name="modes.success_queue", base=LockedTask, bind=True, lock_keys=["name"],
-    lock_scope="queue", lock_release="success", lock_hold=2.0, lock_timeout=0.6,
+    lock_scope="queue", lock_release="success", lock_hold=6.0, lock_timeout=0.6,
 )  # fmt: skip
 def success_queue(self: Any, name: str, fail: bool = False) -> str:
-    """Queue scope: a success keeps the key 2 s; a failure frees it at once. The 0.6 s lease
-    is renewed every 0.2 s while the body runs (and must not be after it)."""
+    """Queue scope: a success keeps the key 6 s (longer than a loaded machine takes between
+    a result and the next call); a failure frees it at once. The 0.6 s lease is renewed
+    every 0.2 s while the body runs (and must not be after it)."""
     body(self, name, 0.05)
     if fail:
         raise RuntimeError("the run failed")

@@ -58,7 +58,7 @@ def obs_worker(
     multiproc.mkdir()
     worker = CeleryWorker(
         "tests.observe.obsproj", concurrency=3, hostname="obs@%h", cwd=ROOT,
-        log_path=tmp / "worker.log", ready_timeout=60, extra_args=("-E",),
+        log_path=tmp / "worker.log", ready_timeout=120, extra_args=("-E",),
         env={
             "CSL_OBS_URL": obs_redis.url,
             "CSL_OBS_METRICS_PORT": str(metrics_port),

@@ -68,7 +68,7 @@ def otel_worker(
     """A prefork worker with three pool processes, each traced and writing to ``spans_dir``."""
     worker = CeleryWorker(
         "tests.observe.otelproj", concurrency=3, hostname="otel@%h", cwd=ROOT,
-        log_path=tmp_path_factory.mktemp("otel") / "worker.log", ready_timeout=60,
+        log_path=tmp_path_factory.mktemp("otel") / "worker.log", ready_timeout=120,
         env={
             "CSL_OBS_URL": obs_redis.url,
             "CSL_OTEL_SPANS": str(spans_dir),

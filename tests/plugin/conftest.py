@@ -25,7 +25,7 @@ def run_suite(tmp_path: Path) -> RunSuite:
         return subprocess.run(
             [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *args],
             cwd=tmp_path, env=env, stdin=subprocess.DEVNULL, capture_output=True, text=True,
-            timeout=180, check=False,
+            timeout=400, check=False,
         )  # fmt: skip
 
     return run

@@ -68,7 +68,7 @@ class WorkerFactory:
         pool: str = "prefork",
         extra_env: dict[str, str] | None = None,
         app: str = "tests.worker.proj",
-        ready_timeout: float = 30.0,
+        ready_timeout: float = 120.0,
         queues: tuple[str, ...] = (),
         extra_args: tuple[str, ...] = (),
     ) -> CeleryWorker:

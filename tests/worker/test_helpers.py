@@ -30,7 +30,7 @@ def tiny_worker(
     return CeleryWorker(
         app, broker_url=server.url, concurrency=2, hostname="tiny@%h", cwd=ROOT,
         env={"CSL_TINY_BACKEND": server.url, "PYTHONPATH": str(ROOT)},
-        log_path=tmp_path / "tiny.log", ready_timeout=30,
+        log_path=tmp_path / "tiny.log", ready_timeout=120,
     )  # fmt: skip
 
 

@@ -21,11 +21,12 @@ def test_flash_sale_on_a_rabbitmq_broker(
     """Stock 20, 80 purchases through a private RabbitMQ node on 2 workers, lock Redis
     separate from the broker: exactly 20 sold and no overlap."""
     rabbit = RabbitServer().start()
+    started = []
     try:
         env = {"CSL_BROKER_URL": rabbit.url, "CSL_LOCK_URL": worker_redis.url,
                "CSL_DATA_URL": worker_redis.url}  # fmt: skip
-        workers(concurrency=2, extra_env=env)
-        workers(concurrency=2, extra_env=env)
+        started.append(workers(concurrency=2, extra_env=env))
+        started.append(workers(concurrency=2, extra_env=env))
         data.set("stock:sku-r", 20)
         with proj.app.connection_for_write(rabbit.url) as conn:
             results = [proj.buy.apply_async(("sku-r", n), connection=conn) for n in range(80)]
@@ -34,4 +35,6 @@ def test_flash_sale_on_a_rabbitmq_broker(
         assert int(data.get("stock:sku-r")) == 0
         assert data.get("overlaps:sku-r") is None
     finally:
+        for worker in started:  # a warm shutdown while their broker still answers
+            worker.stop()
         rabbit.stop()
