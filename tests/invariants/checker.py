@@ -459,6 +459,31 @@ def _killed_after(run: _Run, moment: float) -> bool:
     return any(f.kind in WORKER_KILLS and f.t0 >= moment - 0.5 for f in run.obs.faults)
 
 
+def _taken_back_and_lost(run: _Run, rid: str, bodies: Sequence[BodyRun]) -> float | None:
+    """When the last delivery of ``rid`` had its body killed, no worker's consumer received
+    the message after that kill, the message is in the broker neither queued nor
+    unacknowledged at the end, and a whole worker was killed after the body's kill: that
+    kill's moment, else None. The broker took the message back (a worker's main process
+    requeues a run whose pool process died, ``reject_on_worker_lost``; a killed worker's
+    unacknowledged messages are restored), and a consumer killed before it recorded the
+    message took it off the queue (celery/celery#7950). The lock never saw it again: every
+    delivery is received by a consumer before any lock code runs."""
+    received = run.received.get(rid, [])
+    kills = [(body.start, body.end) for body in bodies if body.how == "killed" and body.end]
+    if not received or not kills:
+        return None
+    start, killed = kills[-1]
+    left = run.obs.notes.get("broker_left")
+    if (
+        start < max(received)  # received again after that body started
+        or left is None
+        or rid in left
+        or not any(f.kind in WORKER_KILLS and f.t0 > killed for f in run.obs.faults)
+    ):
+        return None
+    return killed
+
+
 def _expected_call(run: _Run, mode: Mode, rid: str) -> Call | None:
     """The call whose arguments id ``rid`` must run."""
     group = run.by_result[rid]
@@ -495,6 +520,13 @@ def _check_result(run: _Run, rid: str) -> None:
                 kind = "lost_in_transport"
             if not later and gone:
                 ran += "; not in the broker either, and a whole worker was killed after it"
+        elif (killed := _taken_back_and_lost(run, rid, bodies)) is not None:
+            kind = "lost_in_transport"
+            ran += (
+                f"; its delivery's body was killed at +{killed - group[0].t_call:.2f} s, no "
+                "worker received it again, it is not in the broker, and a whole worker was "
+                "killed after that"
+            )
         where = run.obs.notes.get("broker_left", {}).get(rid)
         if where:
             ran += f"; its message is still {where} in the broker"

@@ -372,6 +372,37 @@ def test_a_lost_result_needs_a_completed_body_whose_process_was_killed() -> None
     assert r.kinds() == ["not_allowed"]
 
 
+def test_a_message_taken_back_after_its_body_was_killed_then_gone_with_a_killed_worker() -> None:
+    """A call received once, whose body was killed (its message goes back to the queue:
+    requeued by the worker, or restored once unacknowledged too long), never received
+    again, gone from the broker, with a whole worker killed after that body's kill, was
+    taken off the queue by that worker's consumer: the transport's (seed 2107 under two
+    suites at once). With no later worker kill, still in the broker, or received again,
+    it is the lock's."""
+    r = Records()
+    call = r.call("park_queue", 5.0)
+    r.obs.published.append(Publish(call.own_id, "inv.park_queue", 5.005, "w1"))
+    r.obs.receipts.append(Receipt(call.own_id, "inv.park_queue", "w1", 5.02))
+    r.body(call.own_id, call.n, 5.1, 5.9, mode="park_queue", how="killed")
+    r.result(call.own_id, "PARKED")
+    r.obs.faults.append(FaultRecord("child_kill", 5.9, 5.9, "w1"))
+    r.obs.notes["broker_left"] = {}
+    assert r.kinds() == ["lost"]  # no whole worker killed after the body's kill
+    r.obs.faults.append(FaultRecord("parked_kill", 6.4, 7.4, "w1"))
+    verdict = check(r.obs)
+    assert [v.kind for v in verdict.violations] == ["lost_in_transport"]
+    assert verdict.safe == []
+    assert "its delivery's body was killed at +0.90 s" in verdict.violations[0].got
+    r.obs.notes["broker_left"] = {call.own_id: "queued"}
+    assert r.kinds() == ["lost"]
+    r.obs.notes["broker_left"] = {}
+    r.obs.receipts.append(Receipt(call.own_id, "inv.park_queue", "w2", 6.0))
+    assert r.kinds() == ["lost"]  # received again after the kill: the lock must not lose it
+    del r.obs.receipts[-1]
+    r.obs.bodies[-1].how = "ok"
+    assert r.kinds() == ["lost"]  # its body was not killed
+
+
 def test_a_message_left_unacknowledged_names_kombu_s_restore_mutex_when_held() -> None:
     """A lost call whose message is still unacknowledged in the broker says so, and says
     when kombu's restore mutex was still held at the end (a worker killed holding it
