@@ -104,8 +104,9 @@ KINDS: Mapping[str, str] = {
     "lost": "never reached a terminal state within the bounded wait (PENDING/RETRY for ever)",
     "lost_in_transport": "lost, its last message (the call, a retry or a handed call) never "
     "received by a worker, published as a worker was killed, or gone from the broker with a "
-    "worker killed after it was published (kombu's Redis transport pops a message before it "
-    "records it as unacknowledged, celery/celery#7950: not the lock)",
+    "worker killed after it was published, or taken back by the broker after its body was "
+    "killed and gone with a worker killed after that (kombu's Redis transport pops a message "
+    "before it records it as unacknowledged, celery/celery#7950: not the lock)",
     "not_allowed": "ended in a terminal state its mode does not allow",
     "wrong_arguments": "the id ran with other arguments than the call it should run",
     "unexpected_result": "the stored result is not what a body of that id returned",
