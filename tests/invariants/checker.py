@@ -462,7 +462,7 @@ def _killed_after(run: _Run, moment: float) -> bool:
 
 def _taken_back_and_lost(run: _Run, rid: str, bodies: Sequence[BodyRun]) -> float | None:
     """When the last delivery of ``rid`` had its body killed, no worker's consumer received
-    the message after that kill, the message is in the broker neither queued nor
+    the message after that body started, the message is in the broker neither queued nor
     unacknowledged at the end, and a whole worker was killed after the body's kill: that
     kill's moment, else None. The broker took the message back (a worker's main process
     requeues a run whose pool process died, ``reject_on_worker_lost``; a killed worker's
